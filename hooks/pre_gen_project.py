@@ -1,0 +1,63 @@
+"""Refuse answers that would render a broken project, before any file is written."""
+
+import keyword
+import re
+import sys
+
+# Answers arrive as JSON string literals, so quotes or backslashes in them cannot break this file.
+PACKAGE_NAME = {{ cookiecutter.package_name | tojson }}
+PROJECT_SLUG = {{ cookiecutter.project_slug | tojson }}
+VERSION = {{ cookiecutter.version | tojson }}
+PYTHON_MIN = {{ cookiecutter.python_min | tojson }}
+TORCH_MIN = {{ cookiecutter.torch_min | tojson }}
+CUDA_ARCHS = {{ cookiecutter.cuda_archs | tojson }}
+
+# Namespaces that torch itself registers operators in: a package of that name would collide.
+TORCH_NAMESPACES = {"aten", "prim", "prims", "quantized", "inductor", "higher_order", "c10d", "profiler"}
+SHADOWED = {"torch", "triton", "numpy", "setuptools", "pytest"}
+
+
+def package_name_error(name):
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        return "must start with a lowercase letter and hold only lowercase letters, digits and '_'"
+    if keyword.iskeyword(name):
+        return "is a Python keyword"
+    if name in sys.stdlib_module_names:
+        return "would shadow the standard-library module of that name"
+    if name in SHADOWED:
+        return f"would shadow the '{name}' package the project depends on"
+    if name in TORCH_NAMESPACES:
+        return "is an operator namespace that torch itself uses (torch.ops.%s)" % name
+    return None
+
+
+def main():
+    errors = []
+    why = package_name_error(PACKAGE_NAME)
+    if why:
+        errors.append(
+            f"package_name {PACKAGE_NAME!r} {why}. It is the import name and the torch.library "
+            "namespace: use a lowercase Python identifier such as 'my_ops'."
+        )
+    if not re.fullmatch(r"[a-z0-9]([a-z0-9._-]*[a-z0-9])?", PROJECT_SLUG):
+        errors.append(
+            f"project_slug {PROJECT_SLUG!r} must be a lowercase distribution name: "
+            "letters, digits, '.', '_' or '-', starting and ending with a letter or digit."
+        )
+    if not re.fullmatch(r"\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?", VERSION):
+        errors.append(f"version {VERSION!r} must be a PEP 440 version such as '0.1.0'.")
+    for key, value in (("python_min", PYTHON_MIN), ("torch_min", TORCH_MIN)):
+        if not re.fullmatch(r"\d+\.\d+", value):
+            errors.append(f"{key} {value!r} must be MAJOR.MINOR, such as '3.10'.")
+    if not re.fullmatch(r"\d+\.\d+a?(\+PTX)?([; ]\d+\.\d+a?(\+PTX)?)*", CUDA_ARCHS):
+        errors.append(
+            f"cuda_archs {CUDA_ARCHS!r} must be a TORCH_CUDA_ARCH_LIST such as '8.0;9.0+PTX'."
+        )
+    if errors:
+        for error in errors:
+            print(f"ERROR: {error}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

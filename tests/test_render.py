@@ -1,0 +1,142 @@
+"""Fast checks of the rendered output: files, leftover Jinja, lint, hook refusals, odd answers."""
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from cookiecutter.exceptions import FailedHookException
+
+from conftest import VARIANTS, render
+
+COMMON = {
+    "README.md",
+    "LICENSE",
+    ".gitignore",
+    "pyproject.toml",
+    "src/{pkg}/__init__.py",
+    "src/{pkg}/_checks.py",
+    "src/{pkg}/_library.py",
+    "src/{pkg}/abstract_impls.py",
+    "src/{pkg}/nn.py",
+    "src/{pkg}/ops.py",
+    "src/{pkg}/reference.py",
+    "tests/conftest.py",
+    "tests/test_rms_norm.py",
+    "benchmarks/bench_rms_norm.py",
+}
+ONLY = {
+    "cpp": {
+        "setup.py",
+        "csrc/rms_norm.h",
+        "csrc/rms_norm.cpp",
+        "csrc/bindings.cpp",
+        "csrc/cuda/rms_norm.cu",
+        "tests/test_build.py",
+    },
+    "triton": {"src/{pkg}/kernels.py"},
+}
+JINJA = re.compile(r"\{\{|\}\}|\{%|%\}|\{#|cookiecutter")
+
+
+def files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+
+
+def expected_files(variant: str, pkg: str) -> set[str]:
+    return {f.format(pkg=pkg) for f in COMMON | ONLY[variant]}
+
+
+def ruff(project: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args, "--no-cache", "."],
+        cwd=project,
+        capture_output=True,
+        text=True,
+    )
+
+
+def assert_lint_clean(project: Path) -> None:
+    for args in (["check"], ["format", "--check"]):
+        result = ruff(project, *args)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_variant_files_and_only_those(project, variant):
+    present = {f for f in files(project) if not f.startswith(".github/")}
+    assert present == expected_files(variant, "my_torch_ops")
+    other = next(v for v in VARIANTS if v != variant)
+    assert not any(f in present for f in ONLY[other] - ONLY[variant])
+    assert not [d for d in project.rglob("*") if d.is_dir() and not any(d.iterdir())]
+
+
+def test_no_leftover_jinja(project):
+    leftovers = [
+        f"{p}: {line.strip()}"
+        for p in project.rglob("*")
+        if p.is_file()
+        for line in p.read_text().splitlines()
+        if JINJA.search(line) and "${{" not in line
+    ]
+    assert not leftovers, "\n".join(leftovers)
+
+
+def test_lint_clean(project):
+    assert_lint_clean(project)
+
+
+def test_python_files_compile(project):
+    for path in project.rglob("*.py"):
+        compile(path.read_text(), str(path), "exec")
+
+
+def test_pyproject_is_valid_toml(project):
+    meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    assert meta["name"] == "my-torch-ops"
+    assert any(dep.startswith("torch>=") for dep in meta["dependencies"])
+
+
+@pytest.mark.parametrize(
+    "name", ["1abc", "my-ops", "class", "torch", "triton", "os", "my ops", "MyOps", "aten", ""]
+)
+def test_hook_refuses_bad_package_name(tmp_path, capfd, name):
+    with pytest.raises(FailedHookException):
+        render(tmp_path, package_name=name)
+    assert "package_name" in capfd.readouterr().err
+    assert not any(tmp_path.iterdir()), "a refused render must leave no files"
+
+
+@pytest.mark.parametrize("key,value", [("version", "one"), ("cuda_archs", "sm_90")])
+def test_hook_refuses_bad_answers(tmp_path, capfd, key, value):
+    with pytest.raises(FailedHookException):
+        render(tmp_path, **{key: value})
+    assert key in capfd.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+HOSTILE = {
+    "project_name": "Tensor \"Ops\" O'Brien \\ ünïcödé 演算子 `whoami` $(touch PWNED)",
+    "author": "Zoë \"Q\" O'Neil \\ `id` 😀",
+    "email": "zoe+ops@example.com",
+    "description": "Quotes \" ' \\ \\n, a tab\t, backticks `rm -rf /` and $(touch PWNED)",
+    "package_name": "odd_ops",
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_odd_answers_render_valid_files(tmp_path, variant):
+    project = render(tmp_path, variant=variant, **HOSTILE)
+    meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    assert meta["description"] == HOSTILE["description"]
+    assert meta["authors"] == [{"name": HOSTILE["author"], "email": HOSTILE["email"]}]
+    assert files(project) >= expected_files(variant, "odd_ops")
+    assert_lint_clean(project)
+    assert not list(tmp_path.rglob("PWNED")) and not Path("PWNED").exists()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_long_package_name_is_lint_clean(tmp_path, variant):
+    project = render(tmp_path, variant=variant, package_name="a_rather_long_package_name_for_kernels")
+    assert_lint_clean(project)

@@ -1,0 +1,217 @@
+"""RMSNorm ops against the float64 reference: values, gradients, opcheck and torch.compile.
+
+Every test runs on CPU, and on CUDA when a GPU is present (skipped, with the reason, otherwise).
+"""
+
+import pytest
+import torch
+from functorch.compile import make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
+from torch.library import opcheck
+
+import {{ cookiecutter.package_name }}
+from {{ cookiecutter.package_name }} import reference
+
+OPS = torch.ops.{{ cookiecutter.package_name }}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Outputs are rounded once from float32 math: allow about two units in the last place.
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float64: 1e-12}
+SHAPES = [(1, 7), (4, 1000), (3, 4096), (5, 8193), (2, 3, 96), (65, 128)]
+WEIGHTS = ["none", "same", "float32"]
+
+
+def make_weight(kind, n, dtype, device, requires_grad=False):
+    if kind == "none":
+        return None
+    w_dtype = dtype if kind == "same" else torch.float32
+    return torch.randn(n, dtype=w_dtype, device=device, requires_grad=requires_grad)
+
+
+def poison_cache(device, numel):
+    """Leaves NaN-filled blocks in the CUDA caching allocator, so an output element that a kernel
+    forgets to write shows up as NaN instead of as a stale correct value."""
+    if device == "cuda":
+        for _ in range(4):
+            torch.full((numel,), float("nan"), device=device)
+
+
+def assert_close(actual, expected, dtype):
+    tol = TOL[dtype]
+    torch.testing.assert_close(actual.double(), expected.double(), atol=tol, rtol=tol)
+
+
+def ref64(x, w, eps=1e-6):
+    return reference.rms_norm(x.double(), None if w is None else w.double(), eps)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("weight", WEIGHTS)
+def test_forward(device, shape, dtype, weight):
+    x = torch.randn(shape, dtype=dtype, device=device)
+    w = make_weight(weight, shape[-1], dtype, device)
+    poison_cache(device, x.numel())
+    y, rstd = OPS.rms_norm_fwd(x, w, 1e-6)
+    assert y.dtype == dtype and y.shape == x.shape
+    assert rstd.dtype == torch.float32 and rstd.shape == x.shape[:-1]
+    assert_close(y, ref64(x, w), dtype)
+    expected_rstd = torch.rsqrt(x.double().square().mean(-1) + 1e-6)
+    torch.testing.assert_close(rstd.double(), expected_rstd, atol=1e-5, rtol=1e-5)
+    assert_close({{ cookiecutter.package_name }}.rms_norm(x, w), ref64(x, w), dtype)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("weight", WEIGHTS)
+def test_backward(device, shape, dtype, weight):
+    x = torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
+    w = make_weight(weight, shape[-1], dtype, device, requires_grad=True)
+    dy = torch.randn(shape, dtype=dtype, device=device)
+    poison_cache(device, x.numel())
+    {{ cookiecutter.package_name }}.rms_norm(x, w).backward(dy)
+
+    x64 = x.detach().double().requires_grad_()
+    w64 = None if w is None else w.detach().double().requires_grad_()
+    ref64(x64, w64).backward(dy.double())
+    assert x.grad.dtype == dtype
+    assert_close(x.grad, x64.grad, dtype)
+    if w is not None:
+        assert w.grad.dtype == w.dtype
+        # dw sums over the rows: scale the tolerance with their count.
+        rows = x.numel() // shape[-1]
+        tol = TOL[dtype] * rows**0.5
+        torch.testing.assert_close(w.grad.double(), w64.grad, atol=tol, rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("layout", ["transposed", "offset", "strided"])
+def test_non_contiguous(device, layout):
+    m, n = 33, 257
+    if layout == "transposed":
+        x = torch.randn(n, m, device=device).t()
+    elif layout == "offset":  # data pointer not 16-byte aligned
+        x = torch.randn(m * n + 1, device=device)[1:].view(m, n)
+    else:
+        x = torch.randn(m, 2 * n, device=device)[:, ::2]
+    x.requires_grad_()
+    w = torch.randn(n, device=device, requires_grad=True)
+    dy = torch.randn(n, m, device=device).t()
+    y = {{ cookiecutter.package_name }}.rms_norm(x, w)
+    y.backward(dy)
+    x64 = x.detach().double().requires_grad_()
+    w64 = w.detach().double().requires_grad_()
+    y64 = ref64(x64, w64)
+    y64.backward(dy.double())
+    assert_close(y, y64, torch.float32)
+    assert_close(x.grad, x64.grad, torch.float32)
+    torch.testing.assert_close(w.grad.double(), w64.grad, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("weight", [True, False], ids=["weight", "no_weight"])
+def test_gradcheck(device, weight):
+    x = torch.randn(3, 17, dtype=torch.float64, device=device, requires_grad=True)
+    w = torch.randn(17, dtype=torch.float64, device=device, requires_grad=True) if weight else None
+    assert torch.autograd.gradcheck({{ cookiecutter.package_name }}.rms_norm, (x, w, 1e-6))
+
+
+def sample_inputs(device):
+    """(x, weight, eps) for opcheck: ranks, dtypes, a float32 weight on bf16 x, strides, with and
+    without requires_grad."""
+    bf16 = torch.bfloat16
+    cases = [
+        (torch.randn(8, 64), torch.randn(64), 1e-6),
+        (torch.randn(2, 3, 40, dtype=bf16), None, 1e-5),
+        (torch.randn(5, 33, dtype=bf16), torch.randn(33), 1e-6),
+        (torch.randn(48, 16).t(), torch.randn(48), 1e-6),
+    ]
+    for requires_grad in (False, True):
+        for x, w, eps in cases:
+            x = x.to(device).requires_grad_(requires_grad)
+            w = None if w is None else w.to(device).requires_grad_(requires_grad)
+            yield x, w, eps
+
+
+CASES = range(len(list(sample_inputs("cpu"))))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_opcheck_fwd(device, case):
+    x, w, eps = list(sample_inputs(device))[case]
+    opcheck(OPS.rms_norm_fwd.default, (x, w, eps))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_opcheck_bwd(device, case):
+    x, w, eps = list(sample_inputs(device))[case]
+    x = x.detach()
+    w = None if w is None else w.detach()
+    _, rstd = OPS.rms_norm_fwd(x, w, eps)
+    dy = torch.randn_like(x)
+    opcheck(OPS.rms_norm_bwd.default, (dy, x, rstd, w))
+
+
+def compile_backend(device):
+    # Inductor cannot compile for CPU around a Triton kernel; aot_eager still traces both passes.
+    return "aot_eager" if device == "cpu" else "inductor"
+
+
+def loss_fn(x, w):
+    return ({{ cookiecutter.package_name }}.rms_norm(x, w) * 2.0).sum()
+
+
+@pytest.mark.parametrize("weight", [True, False], ids=["weight", "no_weight"])
+def test_compile_fullgraph_dynamic(device, weight):
+    compiled = torch.compile(loss_fn, backend=compile_backend(device), fullgraph=True, dynamic=True)
+    for shape in [(4, 64), (7, 96), (2, 5, 128)]:
+        x = torch.randn(shape, device=device, requires_grad=True)
+        w = torch.randn(shape[-1], device=device, requires_grad=True) if weight else None
+        loss = compiled(x, w)
+        loss.backward()
+        x_ref = x.detach().requires_grad_()
+        w_ref = None if w is None else w.detach().requires_grad_()
+        loss_ref = loss_fn(x_ref, w_ref)
+        loss_ref.backward()
+        torch.testing.assert_close(loss, loss_ref, atol=1e-3, rtol=1e-5)
+        torch.testing.assert_close(x.grad, x_ref.grad)
+        if w is not None:
+            torch.testing.assert_close(w.grad, w_ref.grad, atol=1e-4, rtol=1e-5)
+
+
+def test_no_graph_breaks(device):
+    x = torch.randn(6, 64, device=device, requires_grad=True)
+    w = torch.randn(64, device=device, requires_grad=True)
+    explanation = torch._dynamo.explain(loss_fn)(x, w)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
+def test_compile_traces_both_ops(device):
+    """torch.compile keeps the ops opaque: the forward graph calls rms_norm_fwd and the backward
+    graph rms_norm_bwd, instead of tracing into (or around) the kernels."""
+    graphs = {}
+
+    def recorder(name):
+        def compiler(gm, _example_inputs):
+            graphs[name] = gm.code
+            return make_boxed_func(gm.forward)
+
+        return compiler
+
+    backend = aot_autograd(fw_compiler=recorder("forward"), bw_compiler=recorder("backward"))
+    x = torch.randn(6, 64, device=device, requires_grad=True)
+    w = torch.randn(64, device=device, requires_grad=True)
+    torch.compile(loss_fn, backend=backend, fullgraph=True)(x, w).backward()
+    assert "{{ cookiecutter.package_name }}.rms_norm_fwd" in graphs["forward"]
+    assert "{{ cookiecutter.package_name }}.rms_norm_bwd" in graphs["backward"]
+
+
+def test_module_matches_torch_rmsnorm(device):
+    ours = {{ cookiecutter.package_name }}.RMSNorm(64, eps=1e-6, device=device)
+    theirs = torch.nn.RMSNorm(64, eps=1e-6, device=device)
+    with torch.no_grad():
+        theirs.weight.uniform_(0.5, 1.5)
+    ours.load_state_dict(theirs.state_dict())
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    x = torch.randn(3, 5, 64, device=device)
+    torch.testing.assert_close(ours(x), theirs(x))
+    no_affine = {{ cookiecutter.package_name }}.RMSNorm(64, elementwise_affine=False)
+    assert no_affine.weight is None and not no_affine.state_dict()
