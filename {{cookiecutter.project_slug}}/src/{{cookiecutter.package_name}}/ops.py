@@ -1,8 +1,8 @@
 """Public functional API and autograd for the RMSNorm ops.
 
-The ops themselves are ``torch.ops.{{ cookiecutter.package_name }}.rms_norm_fwd`` and ``rms_norm_bwd``
-(registered in ``_library``); autograd is attached with ``torch.library.register_autograd`` so that
-torch.compile traces both passes into its graph as these two ops.
+The ops themselves are ``rms_norm_fwd`` and ``rms_norm_bwd``, registered in ``_library``.
+Autograd is attached with ``torch.library.register_autograd``, so torch.compile traces both
+passes into its graph as these two ops.
 """
 
 from __future__ import annotations

@@ -1,0 +1,40 @@
+"""The GitHub workflows, rendered and the template's own: valid against GitHub's schema, and
+zizmor (offline) finds nothing of medium severity or above."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import TEMPLATE, VARIANTS, render
+
+BIN = Path(sys.executable).parent
+
+
+def check(*cmd):
+    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def assert_workflows_clean(root: Path) -> None:
+    github = root / ".github"
+    workflows = sorted((github / "workflows").glob("*.yml"))
+    assert workflows
+    check(BIN / "check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
+    check(BIN / "check-jsonschema", "--builtin-schema", "vendor.dependabot", github / "dependabot.yml")
+    check(BIN / "zizmor", "--offline", "--min-severity", "medium", root)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("gpu_runner", ["", "gpu-h100"])
+def test_rendered_workflows(tmp_path, variant, gpu_runner):
+    project = render(tmp_path, variant=variant, gpu_runner=gpu_runner)
+    assert_workflows_clean(project)
+    ci = (project / ".github" / "workflows" / "ci.yml").read_text()
+    assert ("cuda_build" in ci) == (variant == "cpp")
+    assert ("self-hosted" in ci) == bool(gpu_runner)
+
+
+def test_template_workflows():
+    assert_workflows_clean(TEMPLATE)

@@ -1,0 +1,95 @@
+"""Developer commands: the one list that CI, the README and the template's tests all call.
+
+    nox -s lint           ruff check and ruff format --check
+    nox -s tests          install with the documented command into a fresh env, run pytest
+    nox -s benchmark      the benchmark (options after --)
+    nox -s build          sdist and wheel into dist/
+{%- if cookiecutter.variant == "cpp" %}
+    nox -s cuda_build     build the CUDA kernels (no GPU needed) and check they are registered
+{%- endif %}
+
+Which torch the sessions install: TORCH_SPEC (default "torch") from TORCH_INDEX_URL (default
+PyTorch's CPU wheel index; set it empty to use your pip configuration).
+"""
+
+import os
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+{%- if cookiecutter.variant == "cpp" %}
+CUDA_INDEX = "https://download.pytorch.org/whl/cu130"
+BUILD_DEPS = ["setuptools>=77", "wheel", "ninja"]
+{%- else %}
+BUILD_DEPS = ["setuptools>=77", "wheel"]
+{%- endif %}
+
+
+def install_torch(session: nox.Session, default_index: str) -> None:
+    spec = os.environ.get("TORCH_SPEC", "torch")
+    index = os.environ.get("TORCH_INDEX_URL", default_index)
+    session.install(spec, *(["--index-url", index] if index else []))
+
+
+def install_project(session: nox.Session, extras: str = "test") -> None:
+    # The documented command; the build uses the torch already in the environment.
+    session.install(*BUILD_DEPS)
+    session.install("--no-build-isolation", "-e", f".[{extras}]")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    install_torch(session, CPU_INDEX)
+    install_project(session)
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def benchmark(session: nox.Session) -> None:
+    """The benchmark (pass its options after --, e.g. nox -s benchmark -- --quick --device cpu)."""
+    install_torch(session, CPU_INDEX)
+    install_project(session, "bench")
+    session.run("python", "benchmarks/bench_rms_norm.py", *session.posargs)
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """sdist and wheel in dist/."""
+{%- if cookiecutter.variant == "cpp" %}
+    # The wheel is compiled against the torch installed here (TORCH_SPEC) and loads only into
+    # that torch's major.minor.
+{%- endif %}
+    install_torch(session, CPU_INDEX)
+    session.install(*BUILD_DEPS, "build")
+    session.run("python", "-m", "build", "--no-isolation", "--outdir", "dist")
+{%- if cookiecutter.variant == "cpp" %}
+
+
+@nox.session
+def cuda_build(session: nox.Session) -> None:
+    """Compiles the CUDA kernels with no GPU needed and checks that the ops have CUDA kernels."""
+    install_torch(session, CUDA_INDEX)
+    session.env["REQUIRE_CUDA"] = "1"
+    install_project(session)
+    session.run("python", "-c", CHECK_CUDA_KERNELS)
+
+
+CHECK_CUDA_KERNELS = """
+import torch
+import {{ cookiecutter.package_name }}._library as lib
+
+assert lib.CUDA_BUILT, "built without CUDA kernels"
+for op in ("rms_norm_fwd", "rms_norm_bwd"):
+    name = "{{ cookiecutter.package_name }}::" + op
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "CUDA"), name
+print("CUDA kernels registered; GPU visible:", torch.cuda.is_available())
+"""
+{%- endif %}
