@@ -15,6 +15,15 @@ CUDA_ARCHS = {{ cookiecutter.cuda_archs | tojson }}
 # Namespaces that torch itself registers operators in: a package of that name would collide.
 TORCH_NAMESPACES = {"aten", "prim", "prims", "quantized", "inductor", "higher_order", "c10d", "profiler"}
 SHADOWED = {"torch", "triton", "numpy", "setuptools", "pytest"}
+# The cpp variant also uses the name as a C++ namespace.
+CPP_KEYWORDS = set(
+    "alignas alignof asm auto bool case catch char char16_t char32_t char8_t concept const "
+    "consteval constexpr constinit const_cast decltype default delete do double dynamic_cast enum "
+    "explicit export extern float friend goto inline int long mutable namespace new noexcept "
+    "nullptr operator private protected public register reinterpret_cast requires short signed "
+    "sizeof static static_assert static_cast struct switch template this thread_local throw "
+    "typedef typeid typename union unsigned using virtual void volatile wchar_t".split()
+)
 
 
 def package_name_error(name):
@@ -26,6 +35,8 @@ def package_name_error(name):
         return "would shadow the standard-library module of that name"
     if name in SHADOWED:
         return f"would shadow the '{name}' package the project depends on"
+    if name in CPP_KEYWORDS:
+        return "is a C++ keyword (the name is also the C++ namespace of the kernels)"
     if name in TORCH_NAMESPACES:
         return "is an operator namespace that torch itself uses (torch.ops.%s)" % name
     return None

@@ -25,6 +25,7 @@ COMMON = {
     "src/{pkg}/reference.py",
     "tests/conftest.py",
     "tests/test_rms_norm.py",
+    "tests/test_edge_cases.py",
     "benchmarks/bench_rms_norm.py",
     "noxfile.py",
     ".github/workflows/ci.yml",
@@ -104,7 +105,7 @@ def test_pyproject_is_valid_toml(project):
 
 
 @pytest.mark.parametrize(
-    "name", ["1abc", "my-ops", "class", "torch", "triton", "os", "my ops", "MyOps", "aten", ""]
+    "name", ["1abc", "my-ops", "class", "torch", "triton", "os", "my ops", "MyOps", "aten", "int", ""]
 )
 def test_hook_refuses_bad_package_name(tmp_path, capfd, name):
     with pytest.raises(FailedHookException):

@@ -1,0 +1,151 @@
+"""Bad input gets a clear Python exception; edge cases behave; CUDA graphs and determinism."""
+
+import pytest
+import torch
+
+import {{ cookiecutter.package_name }}
+from {{ cookiecutter.package_name }} import reference
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+ERRORS = (RuntimeError, ValueError, TypeError)
+
+
+@pytest.mark.parametrize(
+    "x_shape,x_dtype,w_shape,w_dtype,match",
+    [
+        ((4, 4096), torch.float32, (4095,), torch.float32, r"weight must have shape \(4096,\)"),
+        ((4, 8), torch.float32, (2, 8), torch.float32, r"weight must have shape \(8,\)"),
+        ((4, 8), torch.int32, None, None, "x must be float32.*got torch.int32"),
+        ((4, 8), torch.bool, None, None, "x must be float32.*got torch.bool"),
+        ((4, 8), torch.complex64, None, None, "x must be float32.*got torch.complex64"),
+        ((4, 8), torch.float32, (8,), torch.int64, "weight must be float32.*got torch.int64"),
+        ((), torch.float32, None, None, "x must have at least 1 dimension"),
+        ((4, 0), torch.float32, None, None, "non-empty last dimension"),
+    ],
+)
+def test_bad_input_is_a_clear_error(device, x_shape, x_dtype, w_shape, w_dtype, match):
+    x = torch.ones(x_shape, dtype=x_dtype, device=device)
+    w = None if w_shape is None else torch.ones(w_shape, dtype=w_dtype, device=device)
+    with pytest.raises(ERRORS, match=match):
+        {{ cookiecutter.package_name }}.rms_norm(x, w)
+
+
+@pytest.mark.parametrize("w_device", ["meta", pytest.param("cuda", marks=CUDA)])
+def test_weight_on_another_device(w_device):
+    x, w = torch.ones(4, 8), torch.ones(8, device=w_device)
+    with pytest.raises(ERRORS, match=r"weight must be on x's device \(cpu\), got"):
+        {{ cookiecutter.package_name }}.rms_norm(x, w)
+
+
+def test_meta_tensors_give_shapes():
+    y = {{ cookiecutter.package_name }}.rms_norm(
+        torch.ones(3, 5, 8, device="meta"), torch.ones(8, device="meta")
+    )
+    assert y.shape == (3, 5, 8) and y.device.type == "meta"
+
+
+def test_zero_rows(device):
+    x = torch.randn(0, 64, device=device, requires_grad=True)
+    w = torch.randn(64, device=device, requires_grad=True)
+    y = {{ cookiecutter.package_name }}.rms_norm(x, w)
+    assert y.shape == (0, 64)
+    y.sum().backward()
+    assert x.grad.shape == (0, 64)
+    assert torch.equal(w.grad, torch.zeros_like(w))
+
+
+def test_zero_row_gives_zeros(device):
+    x = torch.randn(3, 100, device=device)
+    x[1] = 0
+    y = {{ cookiecutter.package_name }}.rms_norm(x, torch.randn(100, device=device))
+    assert torch.equal(y[1], torch.zeros_like(y[1]))
+    assert torch.isfinite(y).all()
+
+
+def test_nan_stays_in_its_row(device):
+    x = torch.randn(4, 300, device=device, requires_grad=True)
+    with torch.no_grad():
+        x[2, 17] = float("nan")
+    w = torch.randn(300, device=device)
+    y = {{ cookiecutter.package_name }}.rms_norm(x, w)
+    assert torch.isnan(y[2]).all()
+    assert torch.isfinite(y[[0, 1, 3]]).all()
+    y.backward(torch.randn_like(y))
+    assert torch.isfinite(x.grad[[0, 1, 3]]).all()
+
+
+def test_very_wide_rows(device):
+    n = 65536 + 3
+    x = torch.randn(2, n, device=device, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(n, device=device, requires_grad=True)
+    y = {{ cookiecutter.package_name }}.rms_norm(x, w)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    x64 = x.detach().double().requires_grad_()
+    w64 = w.detach().double().requires_grad_()
+    reference.rms_norm(x64, w64).backward(dy.double())
+    torch.testing.assert_close(y.double(), reference.rms_norm(x64, w64), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(x.grad.double(), x64.grad, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(w.grad.double(), w64.grad, atol=1e-3, rtol=1e-3)
+
+
+def fwd_bwd(x, w, dy):
+    x.grad = w.grad = None
+    y = {{ cookiecutter.package_name }}.rms_norm(x, w)
+    y.backward(dy)
+    return y, x.grad, w.grad
+
+
+@CUDA
+def test_weight_grad_is_deterministic():
+    x = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(1024, device="cuda", requires_grad=True)
+    dy = torch.randn_like(x)
+    first = fwd_bwd(x, w, dy)[2].clone()
+    for _ in range(5):
+        assert torch.equal(fwd_bwd(x, w, dy)[2], first)
+
+
+@CUDA
+def test_no_host_synchronization():
+    x = torch.randn(512, 1000, device="cuda", requires_grad=True)
+    w = torch.randn(1000, device="cuda", requires_grad=True)
+    dy = torch.randn_like(x)
+    fwd_bwd(x, w, dy)  # warm up: first calls may compile or query the device
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fwd_bwd(x, w, dy)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@CUDA
+def test_cuda_graph_replay_matches_eager():
+    x = torch.randn(333, 2050, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(2050, device="cuda", requires_grad=True)
+    dy = torch.randn_like(x)
+    expected = [t.clone() for t in fwd_bwd(x, w, dy)]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fwd_bwd(x, w, dy)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fwd_bwd(x, w, dy)
+    graph.replay()  # same inputs as the eager run: the replay must reproduce it exactly
+    torch.cuda.synchronize()
+    for got, want in zip(captured, expected, strict=True):
+        assert torch.equal(got, want)
+
+
+@CUDA
+def test_compile_reduce_overhead():
+    model = {{ cookiecutter.package_name }}.RMSNorm(1024, device="cuda")
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):
+        x = torch.randn(64, 1024, device="cuda", requires_grad=True)
+        y = compiled(x)
+        y.sum().backward()
+        torch.testing.assert_close(y, model(x))
