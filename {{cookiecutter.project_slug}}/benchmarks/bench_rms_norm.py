@@ -33,7 +33,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 EPS = 1e-6
 
 
-def implementations() -> dict:
+def implementations(only: list[str] | None = None) -> dict:
     """name -> fn(x, weight, eps); optional ones are skipped with a note when not installed."""
     impls = {
         "{{ cookiecutter.package_name }}": {{ cookiecutter.package_name }}.rms_norm,
@@ -46,7 +46,15 @@ def implementations() -> dict:
     except ImportError:
         print("note: Liger-Kernel is not installed; its RMSNorm is not measured", file=sys.stderr)
     else:
-        impls["liger"] = lambda x, w, eps: LigerRMSNormFunction.apply(x, w, eps)
+        # in_place=False: Liger otherwise overwrites dy with dx, and dy is reused across timings.
+        impls["liger"] = lambda x, w, eps: LigerRMSNormFunction.apply(
+            x, w, eps, 0.0, "llama", False
+        )
+    if only:
+        unknown = set(only) - set(impls)
+        if unknown:
+            raise SystemExit(f"--impls: unknown {sorted(unknown)}; choose from {list(impls)}")
+        impls = {name: fn for name, fn in impls.items() if name in only}
     return impls
 
 
@@ -260,6 +268,7 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     parser.add_argument("--shapes", type=parse_shapes, help="MxN[,MxN...], e.g. 32768x4096")
     parser.add_argument("--quick", action="store_true", help="a few small shapes")
+    parser.add_argument("--impls", type=lambda t: t.split(","), help="a subset, comma-separated")
     parser.add_argument("--plot", metavar="PATH.png", help="plot fraction of copy bandwidth")
     parser.add_argument("--json", metavar="PATH", help="write every row as JSON")
     args = parser.parse_args(argv)
@@ -279,7 +288,7 @@ def main(argv=None) -> None:
     # Timing the backward alone replays one graph (retain_graph=True), which compiled graphs
     # allow only without donated buffers.
     torch._functorch.config.donated_buffer = False
-    impls = implementations()
+    impls = implementations(args.impls)
     time_ms = timer(device)
     rows = []
     for m, n in progress(kept, "shapes"):
