@@ -1,4 +1,4 @@
-"""Jinja filters for the template: answers are free text, so quote them for the file they land in."""
+"""Jinja filters: answers are free text, so quote them for the file they land in."""
 
 import json
 

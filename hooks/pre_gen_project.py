@@ -13,7 +13,9 @@ TORCH_MIN = {{ cookiecutter.torch_min | tojson }}
 CUDA_ARCHS = {{ cookiecutter.cuda_archs | tojson }}
 
 # Namespaces that torch itself registers operators in: a package of that name would collide.
-TORCH_NAMESPACES = {"aten", "prim", "prims", "quantized", "inductor", "higher_order", "c10d", "profiler"}
+TORCH_NAMESPACES = {
+    "aten", "prim", "prims", "quantized", "inductor", "higher_order", "c10d", "profiler"
+}
 SHADOWED = {"torch", "triton", "numpy", "setuptools", "pytest"}
 # The cpp variant also uses the name as a C++ namespace.
 CPP_KEYWORDS = set(
@@ -38,7 +40,7 @@ def package_name_error(name):
     if name in CPP_KEYWORDS:
         return "is a C++ keyword (the name is also the C++ namespace of the kernels)"
     if name in TORCH_NAMESPACES:
-        return "is an operator namespace that torch itself uses (torch.ops.%s)" % name
+        return f"is an operator namespace that torch itself uses (torch.ops.{name})"
     return None
 
 

@@ -7,6 +7,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 from cookiecutter.exceptions import FailedHookException
 
 from conftest import VARIANTS, render
@@ -26,8 +27,10 @@ COMMON = {
     "tests/conftest.py",
     "tests/test_rms_norm.py",
     "tests/test_edge_cases.py",
+    "tests/test_fused_add_rms_norm.py",
     "benchmarks/bench_rms_norm.py",
     "noxfile.py",
+    "docs/adding_an_op.md",
     ".github/workflows/ci.yml",
     ".github/dependabot.yml",
     ".github/zizmor.yml",
@@ -105,7 +108,8 @@ def test_pyproject_is_valid_toml(project):
 
 
 @pytest.mark.parametrize(
-    "name", ["1abc", "my-ops", "class", "torch", "triton", "os", "my ops", "MyOps", "aten", "int", ""]
+    "name",
+    ["1abc", "my-ops", "class", "torch", "triton", "os", "my ops", "MyOps", "aten", "int", ""],
 )
 def test_hook_refuses_bad_package_name(tmp_path, capfd, name):
     with pytest.raises(FailedHookException):
@@ -123,8 +127,8 @@ def test_hook_refuses_bad_answers(tmp_path, capfd, key, value):
 
 
 HOSTILE = {
-    "project_name": "Tensor \"Ops\" O'Brien \\ ünïcödé 演算子 `whoami` $(touch PWNED)",
-    "author": "Zoë \"Q\" O'Neil \\ `id` 😀",
+    "project_name": 'Tensor "Ops" O\'Brien \\ ünïcödé 演算子 `whoami` $(touch PWNED)',
+    "author": 'Zoë "Q" O\'Neil \\ `id` 😀',
     "email": "zoe+ops@example.com",
     "description": "Quotes \" ' \\ \\n, a tab\t, backticks `rm -rf /` and $(touch PWNED)",
     "package_name": "odd_ops",
@@ -143,6 +147,47 @@ def test_odd_answers_render_valid_files(tmp_path, variant):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_long_package_name_is_lint_clean(tmp_path, variant):
-    project = render(tmp_path, variant=variant, package_name="a_rather_long_package_name_for_kernels")
-    assert_lint_clean(project)
+@pytest.mark.parametrize("name", ["ops", "acme_ops", "a_rather_long_package_name_for_kernels"])
+def test_lint_clean_whatever_the_name_length(tmp_path, variant, name):
+    assert_lint_clean(render(tmp_path, variant=variant, package_name=name))
+
+
+SOURCE_SUFFIXES = {".py", ".cpp", ".cu", ".h", ".cuh", ".toml"}
+
+
+def resolves(dotted: str) -> bool:
+    obj = torch
+    for part in dotted.split(".")[1:]:
+        obj = getattr(obj, part, None)
+    return obj is not None
+
+
+def test_guide_names_exist(project):
+    """Every code name and path the add-an-op guide mentions exists in the rendered project."""
+    guide = (project / "docs" / "adding_an_op.md").read_text()
+    source = "\n".join(
+        p.read_text() for p in project.rglob("*") if p.is_file() and p.suffix in SOURCE_SUFFIXES
+    )
+    names = set(re.findall(r"`([A-Za-z_][\w.:/]*)`", guide))
+    assert len(names) > 20
+
+    def exists(name):
+        if name.startswith("torch."):  # torch API: must exist in the torch the project uses
+            return resolves(name)
+        if name in torch.library._OPCHECK_DEFAULT_UTILS:
+            return True
+        if "/" in name:
+            return (project / name).exists()
+        if re.search(rf"(?<!\w){re.escape(name)}", source):
+            return True
+        return re.search(r"\.(py|cpp|cu|h|md)$", name) is not None and any(project.rglob(name))
+
+    missing = [name for name in sorted(names) if not exists(name)]
+    assert not missing, missing
+
+
+def test_markdown_links_resolve(project):
+    for doc in [project / "README.md", *project.glob("docs/*.md")]:
+        for target in re.findall(r"\]\(([^)#]+)\)", doc.read_text()):
+            if not target.startswith(("http://", "https://")):
+                assert (doc.parent / target).exists(), f"{doc.name}: dead link {target}"

@@ -21,8 +21,9 @@ def assert_workflows_clean(root: Path) -> None:
     github = root / ".github"
     workflows = sorted((github / "workflows").glob("*.yml"))
     assert workflows
-    check(BIN / "check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
-    check(BIN / "check-jsonschema", "--builtin-schema", "vendor.dependabot", github / "dependabot.yml")
+    schema = [BIN / "check-jsonschema", "--builtin-schema"]
+    check(*schema, "vendor.github-workflows", *workflows)
+    check(*schema, "vendor.dependabot", github / "dependabot.yml")
     check(BIN / "zizmor", "--offline", "--min-severity", "medium", root)
 
 

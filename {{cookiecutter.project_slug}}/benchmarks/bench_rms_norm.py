@@ -1,12 +1,15 @@
 """RMSNorm throughput against PyTorch's own paths, as GB/s and as a fraction of a same-run copy.
 
-RMSNorm is memory-bound, so the ceiling is moving its bytes at copy speed:
-fwd reads x and writes y (2·M·N elements), bwd reads x and dy and writes dx (3·M·N), fwd+bwd 5·M·N
-(the weight, rstd and dw are negligible). Every implementation is checked against the reference
-before it is timed; a wrong one is reported as WRONG, not timed.
+RMSNorm is memory-bound, so the ceiling is moving its bytes at copy speed. rms_norm: fwd reads x
+and writes y (2·M·N elements), bwd reads x and dy and writes dx (3·M·N), fwd+bwd 5·M·N.
+fused_add_rms_norm: fwd reads x and residual and writes y and h (4·M·N), bwd reads h and the two
+output gradients and writes dx and dresidual (5·M·N). The weight, rstd and dw are negligible.
+Every implementation is checked against the reference before it is timed; a wrong one is
+reported as WRONG, not timed.
 
     python benchmarks/bench_rms_norm.py                       # CUDA if available, default grid
     python benchmarks/bench_rms_norm.py --device cpu --quick --plot bench.png
+    python benchmarks/bench_rms_norm.py --op fused_add_rms_norm --shapes 32768x4096
 """
 
 from __future__ import annotations
@@ -21,41 +24,89 @@ import time
 import torch
 import torch.nn.functional as F
 
-import {{ cookiecutter.package_name }}
-from {{ cookiecutter.package_name }} import reference
+from {{ cookiecutter.package_name }} import fused_add_rms_norm, reference, rms_norm
+
+PACKAGE = "{{ cookiecutter.package_name }}"
 
 DEFAULT_GRID = [(m, n) for m in (4096, 8192, 32768, 65536) for n in (1024, 2048, 4096, 8192, 16384)]
 QUICK_GRID = [(256, 1024), (1024, 4096)]
 DECODE_ROWS = (1, 8, 64, 256)
 DECODE_N = 4096
-MODES = {"fwd": 2, "bwd": 3, "fwd+bwd": 5}  # elements moved, in units of M·N
+MODES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 EPS = 1e-6
 
 
-def implementations(only: list[str] | None = None) -> dict:
-    """name -> fn(x, weight, eps); optional ones are skipped with a note when not installed."""
-    impls = {
-        "{{ cookiecutter.package_name }}": {{ cookiecutter.package_name }}.rms_norm,
-        "F.rms_norm": lambda x, w, eps: F.rms_norm(x, (x.shape[-1],), w, eps),
-        "compile(ref)": torch.compile(reference.rms_norm, dynamic=False),
-        "eager ref": reference.rms_norm,
-    }
+def _liger_rms_norm():
     try:
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
     except ImportError:
         print("note: Liger-Kernel is not installed; its RMSNorm is not measured", file=sys.stderr)
-    else:
-        # in_place=False: Liger otherwise overwrites dy with dx, and dy is reused across timings.
-        impls["liger"] = lambda x, w, eps: LigerRMSNormFunction.apply(
-            x, w, eps, 0.0, "llama", False
-        )
-    if only:
-        unknown = set(only) - set(impls)
-        if unknown:
-            raise SystemExit(f"--impls: unknown {sorted(unknown)}; choose from {list(impls)}")
-        impls = {name: fn for name, fn in impls.items() if name in only}
-    return impls
+        return None
+    # in_place=False: Liger otherwise overwrites dy with dx, and dy is reused across timings.
+    return lambda x, w: LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", False)
+
+
+def rms_norm_spec():
+    """Inputs, elements moved per mode (units of M·N), the reference and the implementations."""
+    impls = {
+        PACKAGE: lambda x, w: rms_norm(x, w, EPS),
+        "F.rms_norm": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, EPS),
+        "compile(ref)": torch.compile(reference.rms_norm, dynamic=False),
+        "eager ref": reference.rms_norm,
+    }
+    liger = _liger_rms_norm()
+    if liger is not None:
+        impls["liger"] = liger
+
+    def make_inputs(m, n, dtype, device):
+        return torch.randn(m, n, dtype=dtype, device=device), weight(n, dtype, device)
+
+    return dict(
+        units={"fwd": 2, "bwd": 3, "fwd+bwd": 5},
+        make_inputs=make_inputs,
+        reference=reference.rms_norm,
+        impls=impls,
+    )
+
+
+def fused_add_rms_norm_spec():
+    def unfused(norm):
+        def fn(x, residual, w):
+            h = x + residual
+            return norm(h, w), h
+
+        return fn
+
+    impls = {
+        PACKAGE: lambda x, r, w: fused_add_rms_norm(x, r, w, EPS),
+        "unfused (ours)": unfused(lambda h, w: rms_norm(h, w, EPS)),
+        "unfused F.": unfused(lambda h, w: F.rms_norm(h, (h.shape[-1],), w, EPS)),
+        "compile(ref)": torch.compile(reference.fused_add_rms_norm, dynamic=False),
+        "eager ref": reference.fused_add_rms_norm,
+    }
+
+    def make_inputs(m, n, dtype, device):
+        x = torch.randn(m, n, dtype=dtype, device=device)
+        return x, torch.randn_like(x), weight(n, dtype, device)
+
+    return dict(
+        units={"fwd": 4, "bwd": 5, "fwd+bwd": 9},
+        make_inputs=make_inputs,
+        reference=reference.fused_add_rms_norm,
+        impls=impls,
+    )
+
+
+SPECS = {"rms_norm": rms_norm_spec, "fused_add_rms_norm": fused_add_rms_norm_spec}
+
+
+def weight(n, dtype, device):
+    return 1 + 0.1 * torch.randn(n, dtype=dtype, device=device)
+
+
+def as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
 
 
 def timer(device: str):
@@ -96,22 +147,27 @@ def _wall_clock_ms(fn, min_seconds: float = 0.2, min_reps: int = 5) -> float:
     return statistics.median(times)
 
 
-def check(fn, x, w, dy) -> str | None:
-    """Compares output and gradients with the reference; returns what is wrong, or None."""
-    xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
-    y_ref = reference.rms_norm(xr, wr, EPS)
-    dx_ref, dw_ref = torch.autograd.grad(y_ref, (xr, wr), dy)
-    xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
-    y = fn(xg, wg, EPS)
-    dx, dw = torch.autograd.grad(y, (xg, wg), dy)
-    tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}[x.dtype]
-    for name, got, want in (("y", y, y_ref), ("dx", dx, dx_ref)):
-        if not torch.allclose(got.float(), want.float(), atol=tol, rtol=tol):
-            return f"{name} differs from the reference"
-    # dw sums over all rows: compare relative to its largest entry.
-    dw_err = (dw.float() - dw_ref.float()).abs().max().item()
-    if dw_err > tol * (1.0 + dw_ref.float().abs().max().item()):
-        return "dw differs from the reference"
+def run(fn, inputs, grads=None):
+    """Calls fn on fresh leaves; returns (outputs, input gradients or None)."""
+    leaves = [t.detach().requires_grad_(grads is not None) for t in inputs]
+    outs = as_tuple(fn(*leaves))
+    if grads is None:
+        return outs, None
+    return outs, torch.autograd.grad(outs, leaves, grads)
+
+
+def check(fn, ref, inputs, grads) -> str | None:
+    """Compares outputs and gradients with the reference; returns what is wrong, or None."""
+    want_outs, want_grads = run(ref, inputs, grads)
+    outs, in_grads = run(fn, inputs, grads)
+    tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}[inputs[0].dtype]
+    named = [("output", outs, want_outs), ("gradient", in_grads, want_grads)]
+    for kind, got, want in named:
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            # Compare relative to the largest entry: dw sums over all rows.
+            err = (g.float() - w.float()).abs().max().item() if g.numel() else 0.0
+            if err > tol * (1.0 + w.float().abs().max().item()):
+                return f"{kind} {i} differs from the reference"
     return None
 
 
@@ -124,58 +180,57 @@ def fits(m: int, n: int, dtype: torch.dtype, device: str) -> bool:
     return need < 0.8 * free
 
 
-def bench_shape(m, n, dtype, device, impls, time_ms) -> list[dict]:
-    x = torch.randn(m, n, dtype=dtype, device=device)
-    w = 1 + 0.1 * torch.randn(n, dtype=dtype, device=device)
-    dy = torch.randn(m, n, dtype=dtype, device=device)
+def bench_shape(m, n, dtype, device, spec, time_ms) -> list[dict]:
+    inputs = spec["make_inputs"](m, n, dtype, device)
+    x = inputs[0]
+    grads = tuple(torch.randn_like(o) for o in as_tuple(spec["reference"](*inputs)))
     copy_dst = torch.empty_like(x)
     element_bytes = m * n * dtype.itemsize
-    copy_gbps = 2 * element_bytes / time_ms(lambda: copy_dst.copy_(x)) / 1e6
+    copy_ms = time_ms(lambda: copy_dst.copy_(x))
+    copy_gbps = 2 * element_bytes / copy_ms / 1e6
     rows = [
-        dict(M=m, N=n, impl="copy", mode="copy", ms=2 * element_bytes / copy_gbps / 1e6,
-             gbps=copy_gbps, frac=1.0, status="ok")
-    ]  # fmt: skip
-    for name, fn in impls.items():
-        problem = check(fn, x, w, dy)
-        xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
-        y = fn(xg, wg, EPS)
+        dict(M=m, N=n, impl="copy", mode="copy", ms=copy_ms, gbps=copy_gbps, frac=1.0, status="ok")
+    ]
+    for name, fn in spec["impls"].items():
+        problem = check(fn, spec["reference"], inputs, grads)
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        outs = as_tuple(fn(*leaves))
         runs = {
-            "fwd": lambda fn=fn: fn(x, w, EPS),
-            "bwd": lambda y=y, xg=xg, wg=wg: torch.autograd.grad(
-                y, (xg, wg), dy, retain_graph=True
+            "fwd": lambda fn=fn: fn(*inputs),
+            "bwd": lambda outs=outs, leaves=leaves: torch.autograd.grad(
+                outs, leaves, grads, retain_graph=True
             ),
-            "fwd+bwd": lambda fn=fn, xg=xg, wg=wg: torch.autograd.grad(
-                fn(xg, wg, EPS), (xg, wg), dy
+            "fwd+bwd": lambda fn=fn, leaves=leaves: torch.autograd.grad(
+                as_tuple(fn(*leaves)), leaves, grads
             ),
         }
-        for mode, units in MODES.items():
+        for mode in MODES:
             row = dict(M=m, N=n, impl=name, mode=mode, ms=None, gbps=None, frac=None)
             if problem:
                 row["status"] = f"WRONG: {problem}"
             else:
                 ms = time_ms(runs[mode])
-                gbps = units * element_bytes / ms / 1e6
+                gbps = spec["units"][mode] * element_bytes / ms / 1e6
                 row.update(ms=ms, gbps=gbps, frac=gbps / copy_gbps, status="ok")
             rows.append(row)
-        del y, xg, wg
+        del outs, leaves
     return rows
 
 
-def decode_latency(dtype, impls) -> list[dict]:
+def decode_latency(dtype, spec) -> list[dict]:
     """Per-call forward latency at decode sizes, host clock around a synchronized call, so that
     launch and dispatch overhead shows."""
     rows = []
     for m in DECODE_ROWS:
-        x = torch.randn(m, DECODE_N, dtype=dtype, device="cuda")
-        w = torch.randn(DECODE_N, dtype=dtype, device="cuda")
-        for name, fn in impls.items():
+        inputs = spec["make_inputs"](m, DECODE_N, dtype, "cuda")
+        for name, fn in spec["impls"].items():
             for _ in range(10):
-                fn(x, w, EPS)
+                fn(*inputs)
             times = []
             for _ in range(200):
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                fn(x, w, EPS)
+                fn(*inputs)
                 torch.cuda.synchronize()
                 times.append((time.perf_counter() - t0) * 1e6)
             rows.append(dict(M=m, N=DECODE_N, impl=name, us=statistics.median(times)))
@@ -264,6 +319,7 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--op", choices=list(SPECS), default="rms_norm")
     parser.add_argument("--device", choices=["cuda", "cpu"], default=None)
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     parser.add_argument("--shapes", type=parse_shapes, help="MxN[,MxN...], e.g. 32768x4096")
@@ -288,17 +344,22 @@ def main(argv=None) -> None:
     # Timing the backward alone replays one graph (retain_graph=True), which compiled graphs
     # allow only without donated buffers.
     torch._functorch.config.donated_buffer = False
-    impls = implementations(args.impls)
+    spec = SPECS[args.op]()
+    if args.impls:
+        unknown = set(args.impls) - set(spec["impls"])
+        if unknown:
+            parser.error(f"--impls: unknown {sorted(unknown)}; choose from {list(spec['impls'])}")
+        spec["impls"] = {k: v for k, v in spec["impls"].items() if k in args.impls}
     time_ms = timer(device)
     rows = []
     for m, n in progress(kept, "shapes"):
-        rows += bench_shape(m, n, dtype, device, impls, time_ms)
+        rows += bench_shape(m, n, dtype, device, spec, time_ms)
         if device == "cuda":
             torch.cuda.empty_cache()
-    decode = decode_latency(dtype, impls) if device == "cuda" else []
+    decode = decode_latency(dtype, spec) if device == "cuda" else []
 
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
-    title = f"RMSNorm {args.dtype} on {name}, torch {torch.__version__}"
+    title = f"{args.op} {args.dtype} on {name}, torch {torch.__version__}"
     title += f", {datetime.date.today().isoformat()}"
     if args.json:
         with open(args.json, "w") as f:

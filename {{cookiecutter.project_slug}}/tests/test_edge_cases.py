@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-import {{ cookiecutter.package_name }}
-from {{ cookiecutter.package_name }} import reference
+from {{ cookiecutter.package_name }} import RMSNorm, reference, rms_norm
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
 ERRORS = (RuntimeError, ValueError, TypeError)
@@ -27,27 +26,25 @@ def test_bad_input_is_a_clear_error(device, x_shape, x_dtype, w_shape, w_dtype, 
     x = torch.ones(x_shape, dtype=x_dtype, device=device)
     w = None if w_shape is None else torch.ones(w_shape, dtype=w_dtype, device=device)
     with pytest.raises(ERRORS, match=match):
-        {{ cookiecutter.package_name }}.rms_norm(x, w)
+        rms_norm(x, w)
 
 
 @pytest.mark.parametrize("w_device", ["meta", pytest.param("cuda", marks=CUDA)])
 def test_weight_on_another_device(w_device):
     x, w = torch.ones(4, 8), torch.ones(8, device=w_device)
     with pytest.raises(ERRORS, match=r"weight must be on x's device \(cpu\), got"):
-        {{ cookiecutter.package_name }}.rms_norm(x, w)
+        rms_norm(x, w)
 
 
 def test_meta_tensors_give_shapes():
-    y = {{ cookiecutter.package_name }}.rms_norm(
-        torch.ones(3, 5, 8, device="meta"), torch.ones(8, device="meta")
-    )
+    y = rms_norm(torch.ones(3, 5, 8, device="meta"), torch.ones(8, device="meta"))
     assert y.shape == (3, 5, 8) and y.device.type == "meta"
 
 
 def test_zero_rows(device):
     x = torch.randn(0, 64, device=device, requires_grad=True)
     w = torch.randn(64, device=device, requires_grad=True)
-    y = {{ cookiecutter.package_name }}.rms_norm(x, w)
+    y = rms_norm(x, w)
     assert y.shape == (0, 64)
     y.sum().backward()
     assert x.grad.shape == (0, 64)
@@ -57,7 +54,7 @@ def test_zero_rows(device):
 def test_zero_row_gives_zeros(device):
     x = torch.randn(3, 100, device=device)
     x[1] = 0
-    y = {{ cookiecutter.package_name }}.rms_norm(x, torch.randn(100, device=device))
+    y = rms_norm(x, torch.randn(100, device=device))
     assert torch.equal(y[1], torch.zeros_like(y[1]))
     assert torch.isfinite(y).all()
 
@@ -67,7 +64,7 @@ def test_nan_stays_in_its_row(device):
     with torch.no_grad():
         x[2, 17] = float("nan")
     w = torch.randn(300, device=device)
-    y = {{ cookiecutter.package_name }}.rms_norm(x, w)
+    y = rms_norm(x, w)
     assert torch.isnan(y[2]).all()
     assert torch.isfinite(y[[0, 1, 3]]).all()
     y.backward(torch.randn_like(y))
@@ -78,7 +75,7 @@ def test_very_wide_rows(device):
     n = 65536 + 3
     x = torch.randn(2, n, device=device, dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(n, device=device, requires_grad=True)
-    y = {{ cookiecutter.package_name }}.rms_norm(x, w)
+    y = rms_norm(x, w)
     dy = torch.randn_like(y)
     y.backward(dy)
     x64 = x.detach().double().requires_grad_()
@@ -91,7 +88,7 @@ def test_very_wide_rows(device):
 
 def fwd_bwd(x, w, dy):
     x.grad = w.grad = None
-    y = {{ cookiecutter.package_name }}.rms_norm(x, w)
+    y = rms_norm(x, w)
     y.backward(dy)
     return y, x.grad, w.grad
 
@@ -150,7 +147,7 @@ def test_cuda_graph_replay_matches_eager():
 
 @CUDA
 def test_compile_reduce_overhead():
-    model = {{ cookiecutter.package_name }}.RMSNorm(1024, device="cuda")
+    model = RMSNorm(1024, device="cuda")
     compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
     for _ in range(3):
         torch.compiler.cudagraph_mark_step_begin()  # outputs of the last replay may be reused

@@ -9,8 +9,7 @@ from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 from torch.library import opcheck
 
-import {{ cookiecutter.package_name }}
-from {{ cookiecutter.package_name }} import reference
+from {{ cookiecutter.package_name }} import RMSNorm, reference, rms_norm
 
 OPS = torch.ops.{{ cookiecutter.package_name }}
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -57,7 +56,7 @@ def test_forward(device, shape, dtype, weight):
     assert_close(y, ref64(x, w), dtype)
     expected_rstd = torch.rsqrt(x.double().square().mean(-1) + 1e-6)
     torch.testing.assert_close(rstd.double(), expected_rstd, atol=1e-5, rtol=1e-5)
-    assert_close({{ cookiecutter.package_name }}.rms_norm(x, w), ref64(x, w), dtype)
+    assert_close(rms_norm(x, w), ref64(x, w), dtype)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -68,7 +67,7 @@ def test_backward(device, shape, dtype, weight):
     w = make_weight(weight, shape[-1], dtype, device, requires_grad=True)
     dy = torch.randn(shape, dtype=dtype, device=device)
     poison_cache(device, x.numel())
-    {{ cookiecutter.package_name }}.rms_norm(x, w).backward(dy)
+    rms_norm(x, w).backward(dy)
 
     x64 = x.detach().double().requires_grad_()
     w64 = None if w is None else w.detach().double().requires_grad_()
@@ -95,7 +94,7 @@ def test_non_contiguous(device, layout):
     x.requires_grad_()
     w = torch.randn(n, device=device, requires_grad=True)
     dy = torch.randn(n, m, device=device).t()
-    y = {{ cookiecutter.package_name }}.rms_norm(x, w)
+    y = rms_norm(x, w)
     y.backward(dy)
     x64 = x.detach().double().requires_grad_()
     w64 = w.detach().double().requires_grad_()
@@ -110,7 +109,7 @@ def test_non_contiguous(device, layout):
 def test_gradcheck(device, weight):
     x = torch.randn(3, 17, dtype=torch.float64, device=device, requires_grad=True)
     w = torch.randn(17, dtype=torch.float64, device=device, requires_grad=True) if weight else None
-    assert torch.autograd.gradcheck({{ cookiecutter.package_name }}.rms_norm, (x, w, 1e-6))
+    assert torch.autograd.gradcheck(rms_norm, (x, w, 1e-6))
 
 
 def sample_inputs(device):
@@ -155,7 +154,7 @@ def compile_backend(device):
 
 
 def loss_fn(x, w):
-    return ({{ cookiecutter.package_name }}.rms_norm(x, w) * 2.0).sum()
+    return (rms_norm(x, w) * 2.0).sum()
 
 
 @pytest.mark.parametrize("weight", [True, False], ids=["weight", "no_weight"])
@@ -205,7 +204,7 @@ def test_compile_traces_both_ops(device):
 
 
 def test_module_matches_torch_rmsnorm(device):
-    ours = {{ cookiecutter.package_name }}.RMSNorm(64, eps=1e-6, device=device)
+    ours = RMSNorm(64, eps=1e-6, device=device)
     theirs = torch.nn.RMSNorm(64, eps=1e-6, device=device)
     with torch.no_grad():
         theirs.weight.uniform_(0.5, 1.5)
@@ -213,5 +212,5 @@ def test_module_matches_torch_rmsnorm(device):
     assert ours.state_dict().keys() == theirs.state_dict().keys()
     x = torch.randn(3, 5, 64, device=device)
     torch.testing.assert_close(ours(x), theirs(x))
-    no_affine = {{ cookiecutter.package_name }}.RMSNorm(64, elementwise_affine=False)
+    no_affine = RMSNorm(64, elementwise_affine=False)
     assert no_affine.weight is None and not no_affine.state_dict()

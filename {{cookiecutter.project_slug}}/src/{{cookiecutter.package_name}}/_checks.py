@@ -50,3 +50,19 @@ def check_bwd_inputs(
     for name, t in (("grad_y", grad_y), ("rstd", rstd)):
         if t.device != x.device:
             raise ValueError(f"{name} must be on x's device ({x.device}), got {t.device}")
+
+
+def check_fused_inputs(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None
+) -> None:
+    """Checks the arguments of fused_add_rms_norm(x, residual, weight)."""
+    check_inputs(x, weight)
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
+    _check_dtype("residual", residual)
+    if residual.shape != x.shape:
+        raise ValueError(
+            f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}"
+        )
+    if residual.device != x.device:
+        raise ValueError(f"residual must be on x's device ({x.device}), got {residual.device}")

@@ -1,0 +1,133 @@
+"""fused_add_rms_norm against the float64 reference and the unfused composition: values,
+gradients (through both outputs), opcheck and torch.compile."""
+
+import pytest
+import torch
+from torch.library import opcheck
+
+from {{ cookiecutter.package_name }} import fused_add_rms_norm, reference, rms_norm
+
+OPS = torch.ops.{{ cookiecutter.package_name }}
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+SHAPES = [(1, 7), (3, 4096), (5, 8193), (2, 3, 96), (65, 128)]
+# (x dtype, residual dtype): the residual stream is often kept in float32.
+DTYPES = [
+    (torch.float32, torch.float32),
+    (torch.float16, torch.float16),
+    (torch.bfloat16, torch.bfloat16),
+    (torch.bfloat16, torch.float32),
+]
+
+
+def loose(*dtypes):
+    return max(TOL[d] for d in dtypes)
+
+
+def inputs(shape, dtypes, device, weight=True, requires_grad=False):
+    x = torch.randn(shape, dtype=dtypes[0], device=device, requires_grad=requires_grad)
+    r = torch.randn(shape, dtype=dtypes[1], device=device, requires_grad=requires_grad)
+    w = torch.randn(shape[-1], device=device, requires_grad=requires_grad) if weight else None
+    return x, r, w
+
+
+def ref64(x, r, w):
+    return reference.fused_add_rms_norm(x.double(), r.double(), None if w is None else w.double())
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtypes", DTYPES, ids=str)
+@pytest.mark.parametrize("weight", [True, False], ids=["weight", "no_weight"])
+def test_forward(device, shape, dtypes, weight):
+    x, r, w = inputs(shape, dtypes, device, weight)
+    y, h = fused_add_rms_norm(x, r, w)
+    assert y.dtype == x.dtype and h.dtype == r.dtype and y.shape == h.shape == x.shape
+    y64, h64 = ref64(x, r, w)
+    tol = loose(*dtypes)
+    torch.testing.assert_close(h.double(), h64, atol=tol, rtol=tol)
+    torch.testing.assert_close(y.double(), y64, atol=tol, rtol=tol)
+    # The same as the unfused composition it replaces.
+    y_unfused = rms_norm(x + r, w).to(x.dtype)
+    torch.testing.assert_close(y, y_unfused, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtypes", DTYPES, ids=str)
+def test_backward_through_both_outputs(device, shape, dtypes):
+    x, r, w = inputs(shape, dtypes, device, requires_grad=True)
+    dy, dh = torch.randn_like(x), torch.randn_like(r)
+    y, h = fused_add_rms_norm(x, r, w)
+    torch.autograd.backward((y, h), (dy, dh))
+
+    x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, r, w))
+    y64, h64 = reference.fused_add_rms_norm(x64, r64, w64)
+    torch.autograd.backward((y64, h64), (dy.double(), dh.double()))
+    tol = loose(*dtypes)
+    assert x.grad.dtype == x.dtype and r.grad.dtype == r.dtype and w.grad.dtype == w.dtype
+    torch.testing.assert_close(x.grad.double(), x64.grad, atol=tol, rtol=tol)
+    torch.testing.assert_close(r.grad.double(), r64.grad, atol=tol, rtol=tol)
+    rows = x.numel() // shape[-1]
+    torch.testing.assert_close(w.grad.double(), w64.grad, atol=tol * rows**0.5, rtol=tol)
+
+
+def test_gradcheck(device):
+    x, r, w = (
+        torch.randn(shape, dtype=torch.float64, device=device, requires_grad=True)
+        for shape in ((3, 17), (3, 17), (17,))
+    )
+    assert torch.autograd.gradcheck(fused_add_rms_norm, (x, r, w, 1e-6))
+
+
+def sample_inputs(device):
+    bf16, f32 = torch.bfloat16, torch.float32
+    for requires_grad in (False, True):
+        yield *inputs((8, 64), (f32, f32), device, True, requires_grad), 1e-6
+        yield *inputs((2, 3, 40), (bf16, f32), device, False, requires_grad), 1e-5
+        x, r, w = inputs((48, 16), (f32, f32), device, True)
+        x, r = x.t().requires_grad_(requires_grad), r.t().requires_grad_(requires_grad)
+        yield x, r, torch.randn(48, device=device).requires_grad_(requires_grad), 1e-6
+
+
+CASES = range(len(list(sample_inputs("cpu"))))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_opcheck_fwd(device, case):
+    opcheck(OPS.fused_add_rms_norm_fwd.default, list(sample_inputs(device))[case])
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("grad_residual", [True, False], ids=["grad_h", "no_grad_h"])
+def test_opcheck_bwd(device, case, grad_residual):
+    x, r, w, eps = (
+        t.detach() if isinstance(t, torch.Tensor) else t for t in list(sample_inputs(device))[case]
+    )
+    y, h, rstd = OPS.fused_add_rms_norm_fwd(x, r, w, eps)
+    dh = torch.randn_like(h) if grad_residual else None
+    opcheck(OPS.fused_add_rms_norm_bwd.default, (torch.randn_like(y), dh, h, rstd, w, x.dtype))
+
+
+def block(x, residual, w):
+    y, h = fused_add_rms_norm(x, residual, w)
+    return (y * 2.0).sum() + h.square().sum()
+
+
+def test_compile_fullgraph_dynamic_no_graph_breaks(device):
+    backend = "aot_eager" if device == "cpu" else "inductor"
+    compiled = torch.compile(block, backend=backend, fullgraph=True, dynamic=True)
+    for shape in [(4, 64), (7, 96)]:
+        x, r, w = inputs(shape, (torch.float32, torch.float32), device, requires_grad=True)
+        compiled(x, r, w).backward()
+        x2, r2, w2 = (t.detach().requires_grad_() for t in (x, r, w))
+        block(x2, r2, w2).backward()
+        for got, want in ((x.grad, x2.grad), (r.grad, r2.grad), (w.grad, w2.grad)):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+    explanation = torch._dynamo.explain(block)(x, r, w)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+def test_bad_residual_is_a_clear_error(device):
+    x = torch.randn(4, 8, device=device)
+    with pytest.raises(ValueError, match=r"residual must have x's shape \(4, 8\), got \(4, 9\)"):
+        fused_add_rms_norm(x, torch.randn(4, 9, device=device))
+    with pytest.raises(TypeError, match="residual must be float32.*got torch.int64"):
+        fused_add_rms_norm(x, torch.ones(4, 8, dtype=torch.long, device=device))
