@@ -87,9 +87,9 @@ import torch
 import {{ cookiecutter.package_name }}._library as lib
 
 assert lib.CUDA_BUILT, "built without CUDA kernels"
-for op in ("rms_norm_fwd", "rms_norm_bwd"):
-    name = "{{ cookiecutter.package_name }}::" + op
-    assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "CUDA"), name
-print("CUDA kernels registered; GPU visible:", torch.cuda.is_available())
+ops = lib.registered_ops("CPU")
+missing = sorted(set(ops) - set(lib.registered_ops("CUDA")))
+assert ops and not missing, f"no CUDA kernel for {missing}"
+print(f"CUDA kernels registered for {len(ops)} ops; GPU visible:", torch.cuda.is_available())
 """
 {%- endif %}
