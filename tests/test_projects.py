@@ -2,6 +2,7 @@
 lint, then install into a fresh environment with the documented command and run its test suite;
 for cpp also the GPU-less CUDA build."""
 
+import json
 import os
 import re
 import shutil
@@ -51,6 +52,20 @@ def test_rendered_project_lints_and_passes_its_tests(variant, tmp_path):
     # What is skipped is the CUDA half of the suite, with its reason, and nothing else.
     reasons = set(re.findall(r"SKIPPED \[\d+\] [^:]+:\d+: (.*)", output))
     assert reasons <= {"CUDA is not available"}, reasons
+
+
+@pytest.mark.parametrize("variant", ["triton", "cpp"])
+def test_rendered_benchmark_runs_on_cpu(variant, tmp_path):
+    project = render(tmp_path, variant=variant, package_name="acme_ops")
+    plot, rows = tmp_path / "bench.png", tmp_path / "bench.json"
+    args = ["--device", "cpu", "--quick", "--plot", plot, "--json", rows]
+    output = nox(project, "benchmark", "--", *map(str, args))
+    assert plot.stat().st_size > 10_000
+    table = json.loads(rows.read_text())["throughput"]
+    impls = {r["impl"] for r in table}
+    assert {"acme_ops", "F.rms_norm", "compile(ref)", "eager ref", "copy"} <= impls
+    assert all(r["status"] == "ok" and r["gbps"] > 0 for r in table), table
+    assert "fwd+bwd ms" in output
 
 
 @pytest.mark.skipif(
