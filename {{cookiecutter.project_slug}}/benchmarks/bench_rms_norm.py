@@ -15,6 +15,7 @@ reported as WRONG, not timed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import statistics
@@ -32,6 +33,7 @@ DEFAULT_GRID = [(m, n) for m in (4096, 8192, 32768, 65536) for n in (1024, 2048,
 QUICK_GRID = [(256, 1024), (1024, 4096)]
 DECODE_ROWS = (1, 8, 64, 256)
 DECODE_N = 4096
+DECODE_MODES = {"autograd": contextlib.nullcontext, "inference": torch.inference_mode}
 MODES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 EPS = 1e-6
@@ -219,21 +221,25 @@ def bench_shape(m, n, dtype, device, spec, time_ms) -> list[dict]:
 
 def decode_latency(dtype, spec) -> list[dict]:
     """Per-call forward latency at decode sizes, host clock around a synchronized call, so that
-    launch and dispatch overhead shows."""
+    launch and dispatch overhead shows. Measured with autograd on (inputs not requiring grad) and
+    under torch.inference_mode(), where autograd's dispatch step is skipped, as in serving."""
     rows = []
     for m in DECODE_ROWS:
         inputs = spec["make_inputs"](m, DECODE_N, dtype, "cuda")
-        for name, fn in spec["impls"].items():
-            for _ in range(10):
-                fn(*inputs)
-            times = []
-            for _ in range(200):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                fn(*inputs)
-                torch.cuda.synchronize()
-                times.append((time.perf_counter() - t0) * 1e6)
-            rows.append(dict(M=m, N=DECODE_N, impl=name, us=statistics.median(times)))
+        for mode, context in DECODE_MODES.items():
+            for name, fn in spec["impls"].items():
+                with context():
+                    for _ in range(10):
+                        fn(*inputs)
+                    times = []
+                    for _ in range(200):
+                        torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        fn(*inputs)
+                        torch.cuda.synchronize()
+                        times.append((time.perf_counter() - t0) * 1e6)
+                us = statistics.median(times)
+                rows.append(dict(M=m, N=DECODE_N, mode=mode, impl=name, us=us))
     return rows
 
 
@@ -274,10 +280,11 @@ def throughput_table(rows) -> str:
 def decode_table(rows) -> str:
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     lines = [f"decode-size forward latency, us per call (host clock), N = {DECODE_N}"]
-    lines.append(f"{'M':>5}  " + "  ".join(f"{i:>14}" for i in impls))
+    lines.append(f"{'M':>5} {'mode':<10}" + "".join(f"{i:>16}" for i in impls))
     for m in DECODE_ROWS:
-        at = {r["impl"]: r["us"] for r in rows if r["M"] == m}
-        lines.append(f"{m:>5}  " + "  ".join(f"{at[i]:>14.1f}" for i in impls))
+        for mode in DECODE_MODES:
+            at = {r["impl"]: r["us"] for r in rows if (r["M"], r["mode"]) == (m, mode)}
+            lines.append(f"{m:>5} {mode:<10}" + "".join(f"{at[i]:>16.1f}" for i in impls))
     return "\n".join(lines)
 
 
