@@ -43,6 +43,7 @@ ONLY = {
         "csrc/cpu_common.h",
         "csrc/rms_norm.cpp",
         "csrc/fused_add_rms_norm.cpp",
+        "csrc/fused_add_rms_norm.h",
         "csrc/bindings.cpp",
         "csrc/cuda/common.cuh",
         "csrc/cuda/rms_norm.cu",
