@@ -15,6 +15,23 @@ from ._checks import check_fused_inputs, check_inputs
 _OPS = torch.ops.{{ cookiecutter.package_name }}
 
 
+def _call(op, *args):
+    """Calls op, skipping autograd's dispatch step when there is no gradient to record.
+
+    That step is the Python function ``register_autograd`` installs; with no input requiring
+    grad it only forwards the call to the kernel, but costs more host time than a small kernel
+    takes (decode-size calls). Excluding the autograd keys, as that function does itself, goes
+    straight to the kernel. torch.compile traces the plain call.
+    """
+    needs_grad = torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad for a in args
+    )
+    if needs_grad or torch.compiler.is_compiling():
+        return op(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(*args)
+
+
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor | None = None,
@@ -27,7 +44,7 @@ def rms_norm(
     output has ``x``'s dtype and the weight gradient ``weight``'s dtype.
     """
     check_inputs(x, weight)
-    y, _ = _OPS.rms_norm_fwd(x, weight, float(eps))
+    y, _ = _call(_OPS.rms_norm_fwd, x, weight, float(eps))
     return y
 
 
@@ -35,9 +52,15 @@ def _setup_context(ctx, inputs, output):
     x, weight, _eps = inputs
     _y, rstd = output
     ctx.save_for_backward(x, weight, rstd)
+    # rstd is returned only for the backward to reuse: no gradient flows through it, and none
+    # is materialized (a zero-filled tensor and a kernel launch per call).
+    ctx.mark_non_differentiable(rstd)
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_y, _grad_rstd):
+    if grad_y is None:  # no gradient reached y (grads are not materialized as zeros)
+        return None, None, None
     x, weight, rstd = ctx.saved_tensors
     dx, dw = _OPS.rms_norm_bwd(grad_y, x, rstd, weight)
     need_dx, need_dw, _ = ctx.needs_input_grad
@@ -64,7 +87,7 @@ def fused_add_rms_norm(
     to those coming through ``y``.
     """
     check_fused_inputs(x, residual, weight)
-    y, new_residual, _ = _OPS.fused_add_rms_norm_fwd(x, residual, weight, float(eps))
+    y, new_residual, _ = _call(_OPS.fused_add_rms_norm_fwd, x, residual, weight, float(eps))
     return y, new_residual
 
 
@@ -73,13 +96,22 @@ def _fused_setup_context(ctx, inputs, output):
     _y, new_residual, rstd = output
     ctx.save_for_backward(new_residual, weight, rstd)
     ctx.x_dtype = x.dtype
+    ctx.mark_non_differentiable(rstd)
+    ctx.set_materialize_grads(False)
 
 
 def _fused_backward(ctx, grad_y, grad_new_residual, _grad_rstd):
     new_residual, weight, rstd = ctx.saved_tensors
-    dx, dresidual, dw = _OPS.fused_add_rms_norm_bwd(
-        grad_y, grad_new_residual, new_residual, rstd, weight, ctx.x_dtype
-    )
+    if grad_y is None:
+        # Only new_residual's gradient arrived (grads are not materialized as zeros): it flows
+        # unchanged into x and residual.
+        if grad_new_residual is None:
+            return None, None, None, None
+        dx, dresidual, dw = grad_new_residual.to(ctx.x_dtype), grad_new_residual, None
+    else:
+        dx, dresidual, dw = _OPS.fused_add_rms_norm_bwd(
+            grad_y, grad_new_residual, new_residual, rstd, weight, ctx.x_dtype
+        )
     need_dx, need_dresidual, need_dw, _ = ctx.needs_input_grad
     return (
         dx if need_dx else None,
