@@ -50,7 +50,7 @@ ONLY = {
         "csrc/cuda/fused_add_rms_norm.cu",
         "tests/test_build.py",
     },
-    "triton": {"src/{pkg}/kernels.py"},
+    "triton": {"src/{pkg}/kernels.py", "src/{pkg}/_launch.py", "tests/test_launch.py"},
 }
 JINJA = re.compile(r"\{\{|\}\}|\{%|%\}|\{#|cookiecutter")
 
