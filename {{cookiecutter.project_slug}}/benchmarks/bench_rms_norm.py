@@ -220,10 +220,12 @@ def bench_shape(m, n, dtype, device, spec, time_ms) -> list[dict]:
 
 
 def decode_latency(dtype, spec) -> list[dict]:
-    """Per-call forward latency at decode sizes, host clock around a synchronized call, so that
-    launch and dispatch overhead shows. Measured with autograd on (inputs not requiring grad) and
-    under torch.inference_mode(), where autograd's dispatch step is skipped, as in serving."""
+    """Per-call forward time at decode sizes, where launch and dispatch overhead shows: latency
+    (host clock around a synchronized call) and host time (back-to-back calls, no synchronization:
+    what a call costs the CPU). Measured with autograd on (inputs not requiring grad) and under
+    torch.inference_mode(), where autograd's dispatch step is skipped, as in serving."""
     rows = []
+    calls = 200
     for m in DECODE_ROWS:
         inputs = spec["make_inputs"](m, DECODE_N, dtype, "cuda")
         for mode, context in DECODE_MODES.items():
@@ -232,14 +234,19 @@ def decode_latency(dtype, spec) -> list[dict]:
                     for _ in range(10):
                         fn(*inputs)
                     times = []
-                    for _ in range(200):
+                    for _ in range(calls):
                         torch.cuda.synchronize()
                         t0 = time.perf_counter()
                         fn(*inputs)
                         torch.cuda.synchronize()
                         times.append((time.perf_counter() - t0) * 1e6)
+                    t0 = time.perf_counter()
+                    for _ in range(calls):
+                        fn(*inputs)
+                    host_us = (time.perf_counter() - t0) * 1e6 / calls
+                    torch.cuda.synchronize()
                 us = statistics.median(times)
-                rows.append(dict(M=m, N=DECODE_N, mode=mode, impl=name, us=us))
+                rows.append(dict(M=m, N=DECODE_N, mode=mode, impl=name, us=us, host_us=host_us))
     return rows
 
 
@@ -279,12 +286,13 @@ def throughput_table(rows) -> str:
 
 def decode_table(rows) -> str:
     impls = list(dict.fromkeys(r["impl"] for r in rows))
-    lines = [f"decode-size forward latency, us per call (host clock), N = {DECODE_N}"]
+    lines = [f"decode-size forward, us per call (latency / host time), N = {DECODE_N}"]
     lines.append(f"{'M':>5} {'mode':<10}" + "".join(f"{i:>16}" for i in impls))
     for m in DECODE_ROWS:
         for mode in DECODE_MODES:
-            at = {r["impl"]: r["us"] for r in rows if (r["M"], r["mode"]) == (m, mode)}
-            lines.append(f"{m:>5} {mode:<10}" + "".join(f"{at[i]:>16.1f}" for i in impls))
+            at = {r["impl"]: r for r in rows if (r["M"], r["mode"]) == (m, mode)}
+            cells = (f"{at[i]['us']:>9.1f} /{at[i]['host_us']:>5.1f}" for i in impls)
+            lines.append(f"{m:>5} {mode:<10}" + "".join(cells))
     return "\n".join(lines)
 
 
