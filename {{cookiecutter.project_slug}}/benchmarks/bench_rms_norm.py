@@ -10,6 +10,12 @@ reported as WRONG, not timed.
     python benchmarks/bench_rms_norm.py                       # CUDA if available, default grid
     python benchmarks/bench_rms_norm.py --device cpu --quick --plot bench.png
     python benchmarks/bench_rms_norm.py --op fused_add_rms_norm --shapes 32768x4096
+    python benchmarks/bench_rms_norm.py --cuda-graphs           # GPU time alone, no host overhead
+
+By default each call is timed as eager code runs it, host overhead included: where the host
+takes longer to issue a call (Python, dispatch, kernel launches) than the GPU takes to run it,
+the host time is what is measured. --cuda-graphs times replays of each call captured in a CUDA
+graph instead, as in a model run with torch.compile(mode="reduce-overhead"): the kernels alone.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import gc
 import json
 import statistics
 import sys
@@ -125,6 +132,35 @@ def timer(device: str):
     return _wall_clock_ms
 
 
+def graph_timer(time_ms):
+    """time_ms over replays of fn captured in a CUDA graph: its kernels without host overhead.
+
+    Capture must not run on the default stream, and a backward runs on the stream of its
+    forward: main() runs the whole benchmark on a side stream, which the graphs capture on.
+    """
+
+    def timed(fn) -> float:
+        stream = torch.cuda.current_stream()
+        for _ in range(3):  # compiles, autotuning and allocator growth happen before capture
+            fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+        try:
+            return time_ms(graph.replay)
+        finally:
+            # Hand back the graph's memory pool before the next capture: without this the
+            # largest shapes run out of memory.
+            del graph
+            gc.collect()
+            torch.cuda.empty_cache()
+
+    # A copy is timed eagerly: captured, it becomes a DMA memcpy node, slower than the copy
+    # kernel the same call launches eagerly.
+    timed.eager = time_ms
+    return timed
+
+
 def _cuda_event_ms(fn, reps: int = 50) -> float:
     for _ in range(5):
         fn()
@@ -173,11 +209,12 @@ def check(fn, ref, inputs, grads) -> str | None:
     return None
 
 
-def fits(m: int, n: int, dtype: torch.dtype, device: str) -> bool:
-    """Whether one shape's tensors (inputs, grads, fp32 temporaries of the eager paths) fit."""
+def fits(m: int, n: int, dtype: torch.dtype, device: str, copies: int = 1) -> bool:
+    """Whether one shape's tensors (inputs, grads, fp32 temporaries of the eager paths) fit,
+    `copies` times over (graph captures keep their own)."""
     if device != "cuda":
         return True
-    need = m * n * (dtype.itemsize * 10 + 4 * 8)
+    need = copies * m * n * (dtype.itemsize * 10 + 4 * 8)
     free, _total = torch.cuda.mem_get_info()
     return need < 0.8 * free
 
@@ -188,7 +225,7 @@ def bench_shape(m, n, dtype, device, spec, time_ms) -> list[dict]:
     grads = tuple(torch.randn_like(o) for o in as_tuple(spec["reference"](*inputs)))
     copy_dst = torch.empty_like(x)
     element_bytes = m * n * dtype.itemsize
-    copy_ms = time_ms(lambda: copy_dst.copy_(x))
+    copy_ms = getattr(time_ms, "eager", time_ms)(lambda: copy_dst.copy_(x))
     copy_gbps = 2 * element_bytes / copy_ms / 1e6
     rows = [
         dict(M=m, N=n, impl="copy", mode="copy", ms=copy_ms, gbps=copy_gbps, frac=1.0, status="ok")
@@ -211,9 +248,13 @@ def bench_shape(m, n, dtype, device, spec, time_ms) -> list[dict]:
             if problem:
                 row["status"] = f"WRONG: {problem}"
             else:
-                ms = time_ms(runs[mode])
-                gbps = spec["units"][mode] * element_bytes / ms / 1e6
-                row.update(ms=ms, gbps=gbps, frac=gbps / copy_gbps, status="ok")
+                try:
+                    ms = time_ms(runs[mode])
+                except RuntimeError as e:  # e.g. a call that cannot be captured in a CUDA graph
+                    row["status"] = f"FAILED: {str(e).splitlines()[0]}"
+                else:
+                    gbps = spec["units"][mode] * element_bytes / ms / 1e6
+                    row.update(ms=ms, gbps=gbps, frac=gbps / copy_gbps, status="ok")
             rows.append(row)
         del outs, leaves
     return rows
@@ -340,6 +381,9 @@ def main(argv=None) -> None:
     parser.add_argument("--shapes", type=parse_shapes, help="MxN[,MxN...], e.g. 32768x4096")
     parser.add_argument("--quick", action="store_true", help="a few small shapes")
     parser.add_argument("--impls", type=lambda t: t.split(","), help="a subset, comma-separated")
+    parser.add_argument(
+        "--cuda-graphs", action="store_true", help="time CUDA-graph replays: no host overhead"
+    )
     parser.add_argument("--plot", metavar="PATH.png", help="plot fraction of copy bandwidth")
     parser.add_argument("--json", metavar="PATH", help="write every row as JSON")
     args = parser.parse_args(argv)
@@ -347,9 +391,11 @@ def main(argv=None) -> None:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but CUDA is not available")
+    if args.cuda_graphs and device != "cuda":
+        parser.error("--cuda-graphs needs --device cuda")
     dtype = DTYPES[args.dtype]
     grid = args.shapes or (QUICK_GRID if args.quick else DEFAULT_GRID)
-    kept = [s for s in grid if fits(*s, dtype, device)]
+    kept = [s for s in grid if fits(*s, dtype, device, copies=2 if args.cuda_graphs else 1)]
     for m, n in sorted(set(grid) - set(kept)):
         print(f"note: {m}x{n} skipped: not enough free device memory", file=sys.stderr)
 
@@ -365,16 +411,20 @@ def main(argv=None) -> None:
         if unknown:
             parser.error(f"--impls: unknown {sorted(unknown)}; choose from {list(spec['impls'])}")
         spec["impls"] = {k: v for k, v in spec["impls"].items() if k in args.impls}
-    time_ms = timer(device)
+    time_ms = graph_timer(timer(device)) if args.cuda_graphs else timer(device)
     rows = []
+    side_stream = torch.cuda.Stream() if args.cuda_graphs else None
     for m, n in progress(kept, "shapes"):
-        rows += bench_shape(m, n, dtype, device, spec, time_ms)
+        with torch.cuda.stream(side_stream):  # no-op for None
+            rows += bench_shape(m, n, dtype, device, spec, time_ms)
         if device == "cuda":
             torch.cuda.empty_cache()
-    decode = decode_latency(dtype, spec) if device == "cuda" else []
+    # Decode latency is an eager, host-timed measurement: not part of a CUDA-graph run.
+    decode = decode_latency(dtype, spec) if device == "cuda" and not args.cuda_graphs else []
 
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     title = f"{args.op} {args.dtype} on {name}, torch {torch.__version__}"
+    title += ", CUDA-graph replays" if args.cuda_graphs else ""
     title += f", {datetime.date.today().isoformat()}"
     if args.json:
         with open(args.json, "w") as f:
