@@ -94,6 +94,26 @@ def test_gradcheck(device):
     assert torch.autograd.gradcheck(fused_add_rms_norm, (x, r, w, 1e-6))
 
 
+@pytest.mark.parametrize("used", ["y", "new_residual", "both"])
+def test_registered_autograd_matches_the_api(device, used):
+    # As in test_rms_norm: torch.ops runs the registered formula, the API an autograd.Function.
+    x, r, w = inputs((9, 300), (torch.bfloat16, torch.float32), device, requires_grad=True)
+    pick = {"y": [0], "new_residual": [1], "both": [0, 1]}[used]
+    seeds = (torch.randn_like(x), torch.randn_like(r))
+
+    def grads(outputs):
+        used_outputs = [outputs[i] for i in pick]
+        seed = [seeds[i] for i in pick]
+        return torch.autograd.grad(used_outputs, (x, r, w), seed, allow_unused=True)
+
+    via_api = grads(fused_add_rms_norm(x, r, w, 1e-6))
+    via_op = grads(OPS.fused_add_rms_norm_fwd(x, r, w, 1e-6))
+    for a, b in zip(via_api, via_op, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def sample_inputs(device):
     bf16, f32 = torch.bfloat16, torch.float32
     for requires_grad in (False, True):

@@ -112,6 +112,21 @@ def test_gradcheck(device, weight):
     assert torch.autograd.gradcheck(rms_norm, (x, w, 1e-6))
 
 
+@pytest.mark.parametrize("needs_grad", ["x", "weight", "both"])
+def test_registered_autograd_matches_the_api(device, needs_grad):
+    # A call through torch.ops runs the formula given to register_autograd (as torch.compile
+    # does); the eager API runs the same setup_context and backward in an autograd.Function.
+    # Same kernels, so the same bits.
+    x = torch.randn(9, 300, device=device, requires_grad=needs_grad != "weight")
+    w = torch.randn(300, device=device, requires_grad=needs_grad != "x")
+    dy = torch.randn(9, 300, device=device)
+    inputs = [t for t in (x, w) if t.requires_grad]
+    via_api = torch.autograd.grad(rms_norm(x, w, 1e-6), inputs, dy)
+    via_op = torch.autograd.grad(OPS.rms_norm_fwd(x, w, 1e-6)[0], inputs, dy)
+    for a, b in zip(via_api, via_op, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def sample_inputs(device):
     """(x, weight, eps) for opcheck: ranks, dtypes, a float32 weight on bf16 x, strides, with and
     without requires_grad."""

@@ -7,6 +7,8 @@ ops.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from . import _library, abstract_impls  # noqa: F401  (registers the ops and their fake impls)
@@ -15,21 +17,39 @@ from ._checks import check_fused_inputs, check_inputs
 _OPS = torch.ops.{{ cookiecutter.package_name }}
 
 
-def _call(op, *args):
-    """Calls op, skipping autograd's dispatch step when there is no gradient to record.
+def _autograd(name: str, backward: Callable, setup_context: Callable) -> Callable:
+    """Registers the autograd formula of op ``name``; returns a caller of the op for the API.
 
-    That step is the Python function ``register_autograd`` installs; with no input requiring
-    grad it only forwards the call to the kernel, but costs more host time than a small kernel
-    takes (decode-size calls). Excluding the autograd keys, as that function does itself, goes
-    straight to the kernel. torch.compile traces the plain call.
+    The registered formula is what torch.compile traces and what a call through ``torch.ops``
+    uses. In eager mode it costs a dispatcher round trip into Python, a redispatch and argument
+    normalisation on every call: more host time than a decode-size kernel runs. So the caller
+    runs the same ``setup_context`` and ``backward`` as a plain ``autograd.Function`` around the
+    op's kernel when an input requires grad, and goes straight to the kernel when none does.
     """
-    needs_grad = torch.is_grad_enabled() and any(
-        isinstance(a, torch.Tensor) and a.requires_grad for a in args
-    )
-    if needs_grad or torch.compiler.is_compiling():
-        return op(*args)
-    with torch._C._AutoDispatchBelowAutograd():
-        return op(*args)
+    op = getattr(_OPS, name).default
+    torch.library.register_autograd(op, backward, setup_context=setup_context)
+
+    class Eager(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            with torch._C._AutoDispatchBelowAutograd():
+                output = op(*args)
+            setup_context(ctx, args, output)
+            return output
+
+        @staticmethod
+        def backward(ctx, *grads):
+            return backward(ctx, *grads)
+
+    def call(*args):
+        if torch.compiler.is_compiling():
+            return op(*args)
+        if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+            return Eager.apply(*args)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(*args)
+
+    return call
 
 
 def rms_norm(
@@ -44,7 +64,7 @@ def rms_norm(
     output has ``x``'s dtype and the weight gradient ``weight``'s dtype.
     """
     check_inputs(x, weight)
-    y, _ = _call(_OPS.rms_norm_fwd, x, weight, float(eps))
+    y, _ = _rms_norm_fwd(x, weight, float(eps))
     return y
 
 
@@ -67,11 +87,7 @@ def _backward(ctx, grad_y, _grad_rstd):
     return dx if need_dx else None, dw if need_dw else None, None
 
 
-torch.library.register_autograd(
-    "{{ cookiecutter.package_name }}::rms_norm_fwd",
-    _backward,
-    setup_context=_setup_context,
-)
+_rms_norm_fwd = _autograd("rms_norm_fwd", _backward, _setup_context)
 
 
 def fused_add_rms_norm(
@@ -87,7 +103,7 @@ def fused_add_rms_norm(
     to those coming through ``y``.
     """
     check_fused_inputs(x, residual, weight)
-    y, new_residual, _ = _call(_OPS.fused_add_rms_norm_fwd, x, residual, weight, float(eps))
+    y, new_residual, _ = _fused_add_rms_norm_fwd(x, residual, weight, float(eps))
     return y, new_residual
 
 
@@ -121,8 +137,4 @@ def _fused_backward(ctx, grad_y, grad_new_residual, _grad_rstd):
     )
 
 
-torch.library.register_autograd(
-    "{{ cookiecutter.package_name }}::fused_add_rms_norm_fwd",
-    _fused_backward,
-    setup_context=_fused_setup_context,
-)
+_fused_add_rms_norm_fwd = _autograd("fused_add_rms_norm_fwd", _fused_backward, _fused_setup_context)
