@@ -29,23 +29,24 @@ def _autograd(name: str, backward: Callable, setup_context: Callable) -> Callabl
     op = getattr(_OPS, name).default
     torch.library.register_autograd(op, backward, setup_context=setup_context)
 
-    class Eager(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, *args):
-            with torch._C._AutoDispatchBelowAutograd():
-                output = op(*args)
-            setup_context(ctx, args, output)
-            return output
+    def forward(ctx, *args):
+        with torch._C._AutoDispatchBelowAutograd():
+            output = op(*args)
+        setup_context(ctx, args, output)
+        return output
 
-        @staticmethod
-        def backward(ctx, *grads):
-            return backward(ctx, *grads)
+    # Named after the op: a tensor's grad_fn reads e.g. "rms_norm_fwdBackward".
+    function = type(
+        name,
+        (torch.autograd.Function,),
+        {"forward": staticmethod(forward), "backward": staticmethod(backward)},
+    )
 
     def call(*args):
         if torch.compiler.is_compiling():
             return op(*args)
         if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
-            return Eager.apply(*args)
+            return function.apply(*args)
         with torch._C._AutoDispatchBelowAutograd():
             return op(*args)
 
