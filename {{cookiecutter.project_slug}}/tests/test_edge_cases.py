@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from {{ cookiecutter.package_name }} import RMSNorm, reference, rms_norm
 
@@ -91,6 +93,54 @@ def fwd_bwd(x, w, dy):
     y = rms_norm(x, w)
     y.backward(dy)
     return y, x.grad, w.grad
+
+
+def test_ops_stay_visible_to_what_watches_dispatched_ops(device):
+    # A plain eager call may run a Python kernel without the dispatcher; modes, a
+    # __torch_function__ subclass, vmap and the profiler must still see (and may change) the ops.
+    x = torch.randn(3, 4, 64, device=device, requires_grad=True)
+    w = torch.randn(64, device=device, requires_grad=True)
+    fwd, bwd = (f"{{ cookiecutter.package_name }}.rms_norm_{p}" for p in ("fwd", "bwd"))
+    seen = []
+
+    class RecordOps(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    class RecordFunctions(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with RecordOps():
+        rms_norm(x, w).sum().backward()
+    assert {f"{fwd}.default", f"{bwd}.default"} <= set(seen)
+    seen.clear()
+    with RecordFunctions():
+        rms_norm(x, w)
+    assert f"{fwd}.default" in seen
+
+    with torch.profiler.profile() as prof:
+        rms_norm(x, w).sum().backward()
+    names = {e.key.replace("::", ".") for e in prof.key_averages()}
+    assert {fwd, bwd} <= names
+
+    class Logged(torch.Tensor):
+        seen = []
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            cls.seen.append(str(func))
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    with torch.no_grad():
+        rms_norm(x.as_subclass(Logged), w)
+    assert f"{fwd}.default" in Logged.seen
+
+    with torch.no_grad():
+        batched = torch.vmap(rms_norm, in_dims=(0, None))(x, w)
+        assert torch.equal(batched, torch.stack([rms_norm(row, w) for row in x]))
 
 
 @CUDA

@@ -17,6 +17,47 @@ from ._checks import check_fused_inputs, check_inputs
 _OPS = torch.ops.{{ cookiecutter.package_name }}
 
 
+# What an eager call may hand straight to a Python kernel: the types of the ops' arguments, with
+# plain tensors only (a tensor subclass may redefine what an op does).
+_PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter, float, type(None), torch.dtype})
+
+
+def _plain_call(args: tuple) -> bool:
+    """Whether the dispatcher would only pass this call on to the op's CPU or CUDA kernel: plain
+    tensors, and no mode, functorch transform or profiler that acts on dispatched ops."""
+    x = args[0]
+    return (
+        (x.is_cuda or x.is_cpu)
+        and _PLAIN_TYPES.issuperset(map(type, args))
+        and not torch._C._len_torch_dispatch_stack()
+        and not torch._C._is_torch_function_mode_enabled()
+        and not torch._C._are_functorch_transforms_active()
+        and not torch._C._autograd._profiler_enabled()
+    )
+
+
+def _below_autograd(name: str) -> Callable:
+    """A caller of op ``name`` that skips its autograd formula (its caller handles autograd).
+
+    Where the op's kernel is Python, a plain call runs it directly: the dispatcher's round trip
+    into a Python kernel costs more host time than a decode-size kernel runs. Anything that
+    would act on the dispatched op (a mode, a transform, a subclass, the profiler that names
+    it) gets the op.
+    """
+    op = getattr(_OPS, name).default
+    kernel = _library.PYTHON_KERNELS.get(name)
+
+    def call(*args):
+        if kernel is not None and _plain_call(args):
+            return kernel(*args)
+        if torch.is_inference_mode_enabled():  # autograd is off in the dispatcher already
+            return op(*args)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(*args)
+
+    return call
+
+
 def _autograd(name: str, backward: Callable, setup_context: Callable) -> Callable:
     """Registers the autograd formula of op ``name``; returns a caller of the op for the API.
 
@@ -28,10 +69,10 @@ def _autograd(name: str, backward: Callable, setup_context: Callable) -> Callabl
     """
     op = getattr(_OPS, name).default
     torch.library.register_autograd(op, backward, setup_context=setup_context)
+    kernel = _below_autograd(name)
 
     def forward(ctx, *args):
-        with torch._C._AutoDispatchBelowAutograd():
-            output = op(*args)
+        output = kernel(*args)
         setup_context(ctx, args, output)
         return output
 
@@ -47,8 +88,22 @@ def _autograd(name: str, backward: Callable, setup_context: Callable) -> Callabl
             return op(*args)
         if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
             return function.apply(*args)
-        with torch._C._AutoDispatchBelowAutograd():
+        return kernel(*args)
+
+    return call
+
+
+def _backward_op(name: str) -> Callable:
+    """A caller of backward op ``name`` for the autograd formulas: the op, or its kernel directly
+    for a plain call made without grad mode (as backward normally runs; with create_graph=True
+    the op's lack of a derivative must still raise)."""
+    op = getattr(_OPS, name).default
+    kernel = _below_autograd(name)
+
+    def call(*args):
+        if torch.is_grad_enabled():
             return op(*args)
+        return kernel(*args)
 
     return call
 
@@ -83,11 +138,12 @@ def _backward(ctx, grad_y, _grad_rstd):
     if grad_y is None:  # no gradient reached y (grads are not materialized as zeros)
         return None, None, None
     x, weight, rstd = ctx.saved_tensors
-    dx, dw = _OPS.rms_norm_bwd(grad_y, x, rstd, weight)
+    dx, dw = _rms_norm_bwd(grad_y, x, rstd, weight)
     need_dx, need_dw, _ = ctx.needs_input_grad
     return dx if need_dx else None, dw if need_dw else None, None
 
 
+_rms_norm_bwd = _backward_op("rms_norm_bwd")
 _rms_norm_fwd = _autograd("rms_norm_fwd", _backward, _setup_context)
 
 
@@ -126,7 +182,7 @@ def _fused_backward(ctx, grad_y, grad_new_residual, _grad_rstd):
             return None, None, None, None
         dx, dresidual, dw = grad_new_residual.to(ctx.x_dtype), grad_new_residual, None
     else:
-        dx, dresidual, dw = _OPS.fused_add_rms_norm_bwd(
+        dx, dresidual, dw = _fused_add_rms_norm_bwd(
             grad_y, grad_new_residual, new_residual, rstd, weight, ctx.x_dtype
         )
     need_dx, need_dresidual, need_dw, _ = ctx.needs_input_grad
@@ -138,4 +194,5 @@ def _fused_backward(ctx, grad_y, grad_new_residual, _grad_rstd):
     )
 
 
+_fused_add_rms_norm_bwd = _backward_op("fused_add_rms_norm_bwd")
 _fused_add_rms_norm_fwd = _autograd("fused_add_rms_norm_fwd", _fused_backward, _fused_setup_context)
