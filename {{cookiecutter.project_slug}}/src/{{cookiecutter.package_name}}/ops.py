@@ -94,16 +94,18 @@ def _autograd(name: str, backward: Callable, setup_context: Callable) -> Callabl
 
 
 def _backward_op(name: str) -> Callable:
-    """A caller of backward op ``name`` for the autograd formulas: the op, or its kernel directly
-    for a plain call made without grad mode (as backward normally runs; with create_graph=True
-    the op's lack of a derivative must still raise)."""
+    """A caller of backward op ``name`` for the autograd formulas: the op, or its Python kernel
+    directly for a plain call made without grad mode (as backward normally runs; with
+    create_graph=True the op's lack of a derivative must still raise)."""
     op = getattr(_OPS, name).default
-    kernel = _below_autograd(name)
+    kernel = _library.PYTHON_KERNELS.get(name)
+    if kernel is None:
+        return op
 
     def call(*args):
-        if torch.is_grad_enabled():
-            return op(*args)
-        return kernel(*args)
+        if not torch.is_grad_enabled() and _plain_call(args):
+            return kernel(*args)
+        return op(*args)
 
     return call
 
