@@ -95,9 +95,11 @@ def fwd_bwd(x, w, dy):
     return y, x.grad, w.grad
 
 
+@pytest.mark.filterwarnings("ignore:.*jit.trace:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 def test_ops_stay_visible_to_what_watches_dispatched_ops(device):
     # A plain eager call may run a Python kernel without the dispatcher; modes, a
-    # __torch_function__ subclass, vmap and the profiler must still see (and may change) the ops.
+    # __torch_function__ subclass, vmap, jit.trace and the profiler must still see the ops.
     x = torch.randn(3, 4, 64, device=device, requires_grad=True)
     w = torch.randn(64, device=device, requires_grad=True)
     fwd, bwd = (f"{{ cookiecutter.package_name }}.rms_norm_{p}" for p in ("fwd", "bwd"))
@@ -141,6 +143,9 @@ def test_ops_stay_visible_to_what_watches_dispatched_ops(device):
     with torch.no_grad():
         batched = torch.vmap(rms_norm, in_dims=(0, None))(x, w)
         assert torch.equal(batched, torch.stack([rms_norm(row, w) for row in x]))
+        w_const = w.detach()
+        traced = torch.jit.trace(lambda t: rms_norm(t, w_const), (x.detach(),))
+    assert fwd.replace(".", "::") in str(traced.graph)
 
 
 @CUDA

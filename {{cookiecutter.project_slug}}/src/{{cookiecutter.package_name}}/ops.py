@@ -17,14 +17,17 @@ from ._checks import check_fused_inputs, check_inputs
 _OPS = torch.ops.{{ cookiecutter.package_name }}
 
 
-# What an eager call may hand straight to a Python kernel: the types of the ops' arguments, with
-# plain tensors only (a tensor subclass may redefine what an op does).
-_PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter, float, type(None), torch.dtype})
+# What an eager call may hand straight to a Python kernel: argument types of ops, with plain
+# tensors only (a tensor subclass may redefine what an op does).
+_PLAIN_TYPES = frozenset(
+    {torch.Tensor, torch.nn.Parameter, float, int, bool, type(None), torch.dtype}
+)
 
 
 def _plain_call(args: tuple) -> bool:
     """Whether the dispatcher would only pass this call on to the op's CPU or CUDA kernel: plain
-    tensors, and no mode, functorch transform or profiler that acts on dispatched ops."""
+    tensors, and no mode, functorch transform, profiler or jit trace that acts on dispatched
+    ops."""
     x = args[0]
     return (
         (x.is_cuda or x.is_cpu)
@@ -33,6 +36,7 @@ def _plain_call(args: tuple) -> bool:
         and not torch._C._is_torch_function_mode_enabled()
         and not torch._C._are_functorch_transforms_active()
         and not torch._C._autograd._profiler_enabled()
+        and torch._C._get_tracing_state() is None
     )
 
 
