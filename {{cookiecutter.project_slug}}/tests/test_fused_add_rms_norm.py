@@ -96,7 +96,7 @@ def test_gradcheck(device):
 
 @pytest.mark.parametrize("used", ["y", "new_residual", "both"])
 def test_registered_autograd_matches_the_api(device, used):
-    # As in test_rms_norm: torch.ops runs the registered formula, the API an autograd.Function.
+    # As in test_rms_norm: torch.ops runs the registered formula, the API the same one directly.
     x, r, w = inputs((9, 300), (torch.bfloat16, torch.float32), device, requires_grad=True)
     pick = {"y": [0], "new_residual": [1], "both": [0, 1]}[used]
     seeds = (torch.randn_like(x), torch.randn_like(r))

@@ -115,8 +115,8 @@ def test_gradcheck(device, weight):
 @pytest.mark.parametrize("needs_grad", ["x", "weight", "both"])
 def test_registered_autograd_matches_the_api(device, needs_grad):
     # A call through torch.ops runs the formula given to register_autograd (as torch.compile
-    # does); the eager API runs the same setup_context and backward in an autograd.Function.
-    # Same kernels, so the same bits.
+    # does); the eager API runs the same formula without the dispatcher's round trip into
+    # Python. Same kernels, so the same bits.
     x = torch.randn(9, 300, device=device, requires_grad=needs_grad != "weight")
     w = torch.randn(300, device=device, requires_grad=needs_grad != "x")
     dy = torch.randn(9, 300, device=device)

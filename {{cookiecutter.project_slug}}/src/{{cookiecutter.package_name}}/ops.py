@@ -67,13 +67,16 @@ def _autograd(name: str, backward: Callable, setup_context: Callable) -> Callabl
 
     The registered formula is what torch.compile traces and what a call through ``torch.ops``
     uses. In eager mode it costs a dispatcher round trip into Python, a redispatch and argument
-    normalisation on every call: more host time than a decode-size kernel runs. So the caller
-    runs the same ``setup_context`` and ``backward`` as a plain ``autograd.Function`` around the
-    op's kernel when an input requires grad, and goes straight to the kernel when none does.
+    normalisation on every call: more host time than a decode-size kernel runs. So a plain call
+    goes to the op's eager entry point where it has one (the same formula in C++), and otherwise
+    the caller runs the same ``setup_context`` and ``backward`` as a plain ``autograd.Function``
+    around the op's kernel when an input requires grad, or goes straight to the kernel when none
+    does.
     """
     op = getattr(_OPS, name).default
     torch.library.register_autograd(op, backward, setup_context=setup_context)
     kernel = _below_autograd(name)
+    eager = _library.EAGER_AUTOGRAD.get(name)
 
     def forward(ctx, *args):
         output = kernel(*args)
@@ -90,6 +93,8 @@ def _autograd(name: str, backward: Callable, setup_context: Callable) -> Callabl
     def call(*args):
         if torch.compiler.is_compiling():
             return op(*args)
+        if eager is not None and _plain_call(args):
+            return eager(*args)
         if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
             return function.apply(*args)
         return kernel(*args)
