@@ -38,6 +38,26 @@ def ref64(x, r, w):
 @pytest.mark.parametrize("dtypes", DTYPES, ids=str)
 @pytest.mark.parametrize("weight", [True, False], ids=["weight", "no_weight"])
 def test_forward(device, shape, dtypes, weight):
+    check_forward(device, shape, dtypes, weight)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtypes", DTYPES, ids=str)
+def test_backward_through_both_outputs(device, shape, dtypes):
+    check_backward(device, shape, dtypes)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("rows", [1, 256, 4096])
+@pytest.mark.parametrize("dtypes", DTYPES[2:], ids=str)
+def test_few_and_many_rows(rows, dtypes):
+    """A GPU kernel may launch a few rows (decode sizes) differently from many, where each
+    thread takes more of a row: both against float64."""
+    check_forward("cuda", (rows, 4096), dtypes, weight=True)
+    check_backward("cuda", (rows, 4096), dtypes)
+
+
+def check_forward(device, shape, dtypes, weight):
     x, r, w = inputs(shape, dtypes, device, weight)
     y, h = fused_add_rms_norm(x, r, w)
     assert y.dtype == x.dtype and h.dtype == r.dtype and y.shape == h.shape == x.shape
@@ -50,9 +70,7 @@ def test_forward(device, shape, dtypes, weight):
     torch.testing.assert_close(y, y_unfused, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("dtypes", DTYPES, ids=str)
-def test_backward_through_both_outputs(device, shape, dtypes):
+def check_backward(device, shape, dtypes):
     x, r, w = inputs(shape, dtypes, device, requires_grad=True)
     dy, dh = torch.randn_like(x), torch.randn_like(r)
     y, h = fused_add_rms_norm(x, r, w)

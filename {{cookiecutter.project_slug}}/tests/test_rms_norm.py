@@ -47,6 +47,27 @@ def ref64(x, w, eps=1e-6):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("weight", WEIGHTS)
 def test_forward(device, shape, dtype, weight):
+    check_forward(device, shape, dtype, weight)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("weight", WEIGHTS)
+def test_backward(device, shape, dtype, weight):
+    check_backward(device, shape, dtype, weight)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("rows", [1, 256, 4096])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_few_and_many_rows(rows, dtype):
+    """A GPU kernel may launch a few rows (decode sizes) differently from many, where each
+    thread takes more of a row: both against float64."""
+    check_forward("cuda", (rows, 4096), dtype, "float32")
+    check_backward("cuda", (rows, 4096), dtype, "same")
+
+
+def check_forward(device, shape, dtype, weight):
     x = torch.randn(shape, dtype=dtype, device=device)
     w = make_weight(weight, shape[-1], dtype, device)
     poison_cache(device, x.numel())
@@ -59,10 +80,7 @@ def test_forward(device, shape, dtype, weight):
     assert_close(rms_norm(x, w), ref64(x, w), dtype)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("weight", WEIGHTS)
-def test_backward(device, shape, dtype, weight):
+def check_backward(device, shape, dtype, weight):
     x = torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
     w = make_weight(weight, shape[-1], dtype, device, requires_grad=True)
     dy = torch.randn(shape, dtype=dtype, device=device)
