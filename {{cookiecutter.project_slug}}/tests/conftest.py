@@ -12,13 +12,20 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 {%- endif %}
 
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available"),
-    ),
-]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a GPU; skipped, with the reason, without one")
+
+
+def pytest_collection_modifyitems(items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="CUDA is not available")
+    for item in items:
+        if item.get_closest_marker("cuda"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(params=DEVICES)

@@ -7,7 +7,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from {{ cookiecutter.package_name }} import RMSNorm, reference, rms_norm
 
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
 ERRORS = (RuntimeError, ValueError, TypeError)
 
 
@@ -31,7 +30,7 @@ def test_bad_input_is_a_clear_error(device, x_shape, x_dtype, w_shape, w_dtype, 
         rms_norm(x, w)
 
 
-@pytest.mark.parametrize("w_device", ["meta", pytest.param("cuda", marks=CUDA)])
+@pytest.mark.parametrize("w_device", ["meta", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_weight_on_another_device(w_device):
     x, w = torch.ones(4, 8), torch.ones(8, device=w_device)
     with pytest.raises(ERRORS, match=r"weight must be on x's device \(cpu\), got"):
@@ -147,7 +146,7 @@ def test_ops_stay_visible_to_what_watches_dispatched_ops(device):
     assert fwd.replace(".", "::") in str(traced.graph)
 
 
-@CUDA
+@pytest.mark.cuda
 def test_weight_grad_is_deterministic():
     x = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(1024, device="cuda", requires_grad=True)
@@ -157,7 +156,7 @@ def test_weight_grad_is_deterministic():
         assert torch.equal(fwd_bwd(x, w, dy)[2], first)
 
 
-@CUDA
+@pytest.mark.cuda
 def test_no_host_synchronization():
     x = torch.randn(512, 1000, device="cuda", requires_grad=True)
     w = torch.randn(1000, device="cuda", requires_grad=True)
@@ -170,7 +169,7 @@ def test_no_host_synchronization():
         torch.cuda.set_sync_debug_mode("default")
 
 
-@CUDA
+@pytest.mark.cuda
 def test_cuda_graph_replay_matches_eager():
     """The ops launch on the current stream, never synchronize and allocate only through the
     caching allocator, so forward and backward can be captured in a CUDA graph."""
@@ -199,7 +198,7 @@ def test_cuda_graph_replay_matches_eager():
         assert torch.equal(got, want)
 
 
-@CUDA
+@pytest.mark.cuda
 def test_compile_reduce_overhead():
     model = RMSNorm(1024, device="cuda")
     compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)

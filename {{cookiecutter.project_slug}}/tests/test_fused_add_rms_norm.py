@@ -47,7 +47,7 @@ def test_backward_through_both_outputs(device, shape, dtypes):
     check_backward(device, shape, dtypes)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.cuda
 @pytest.mark.parametrize("rows", [1, 256, 4096])
 @pytest.mark.parametrize("dtypes", DTYPES[2:], ids=str)
 def test_few_and_many_rows(rows, dtypes):

@@ -57,7 +57,7 @@ def test_backward(device, shape, dtype, weight):
     check_backward(device, shape, dtype, weight)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.cuda
 @pytest.mark.parametrize("rows", [1, 256, 4096])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_few_and_many_rows(rows, dtype):
