@@ -33,6 +33,13 @@ def device(request):
     return request.param
 
 
+@pytest.fixture(params=[*DEVICES, "meta"])
+def checked_device(request):
+    """For tests of bad input: a call on meta tensors is checked where torch.compile checks it (the
+    fake impls, in Python), and must fail as a CPU or CUDA call does."""
+    return request.param
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -7,33 +7,36 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from {{ cookiecutter.package_name }} import RMSNorm, reference, rms_norm
 
-ERRORS = (RuntimeError, ValueError, TypeError)
+F32 = torch.float32
 
 
 @pytest.mark.parametrize(
-    "x_shape,x_dtype,w_shape,w_dtype,match",
+    "x_shape,x_dtype,w_shape,w_dtype,error,match",
     [
-        ((4, 4096), torch.float32, (4095,), torch.float32, r"weight must have shape \(4096,\)"),
-        ((4, 8), torch.float32, (2, 8), torch.float32, r"weight must have shape \(8,\)"),
-        ((4, 8), torch.int32, None, None, "x must be float32.*got torch.int32"),
-        ((4, 8), torch.bool, None, None, "x must be float32.*got torch.bool"),
-        ((4, 8), torch.complex64, None, None, "x must be float32.*got torch.complex64"),
-        ((4, 8), torch.float32, (8,), torch.int64, "weight must be float32.*got torch.int64"),
-        ((), torch.float32, None, None, "x must have at least 1 dimension"),
-        ((4, 0), torch.float32, None, None, "non-empty last dimension"),
+        ((4, 4096), F32, (4095,), F32, ValueError, r"weight must have shape \(4096,\)"),
+        ((4, 8), F32, (2, 8), F32, ValueError, r"weight must have shape \(8,\)"),
+        ((4, 8), torch.int32, None, None, TypeError, "x must be float32.*got torch.int32$"),
+        ((4, 8), torch.bool, None, None, TypeError, "x must be float32.*got torch.bool$"),
+        ((4, 8), torch.complex64, None, None, TypeError, "x must be float32.*got torch.complex64$"),
+        ((4, 8), torch.float8_e4m3fn, None, None, TypeError, "x must be float32.*got torch.float8"),
+        ((4, 8), F32, (8,), torch.int64, TypeError, "weight must be float32.*got torch.int64$"),
+        ((), F32, None, None, ValueError, "x must have at least 1 dimension"),
+        ((4, 0), F32, None, None, ValueError, r"non-empty last dimension, got shape \(4, 0\)"),
     ],
 )
-def test_bad_input_is_a_clear_error(device, x_shape, x_dtype, w_shape, w_dtype, match):
-    x = torch.ones(x_shape, dtype=x_dtype, device=device)
-    w = None if w_shape is None else torch.ones(w_shape, dtype=w_dtype, device=device)
-    with pytest.raises(ERRORS, match=match):
+def test_bad_input_is_a_clear_error(
+    checked_device, x_shape, x_dtype, w_shape, w_dtype, error, match
+):
+    x = torch.ones(x_shape, device=checked_device).to(x_dtype)
+    w = None if w_shape is None else torch.ones(w_shape, device=checked_device).to(w_dtype)
+    with pytest.raises(error, match=match):
         rms_norm(x, w)
 
 
 @pytest.mark.parametrize("w_device", ["meta", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_weight_on_another_device(w_device):
     x, w = torch.ones(4, 8), torch.ones(8, device=w_device)
-    with pytest.raises(ERRORS, match=r"weight must be on x's device \(cpu\), got"):
+    with pytest.raises(ValueError, match=r"weight must be on x's device \(cpu\), got"):
         rms_norm(x, w)
 
 

@@ -180,9 +180,9 @@ def test_compile_fullgraph_dynamic_no_graph_breaks(device):
     assert explanation.graph_break_count == 0, explanation.break_reasons
 
 
-def test_bad_residual_is_a_clear_error(device):
-    x = torch.randn(4, 8, device=device)
+def test_bad_residual_is_a_clear_error(checked_device):
+    x = torch.randn(4, 8, device=checked_device)
     with pytest.raises(ValueError, match=r"residual must have x's shape \(4, 8\), got \(4, 9\)"):
-        fused_add_rms_norm(x, torch.randn(4, 9, device=device))
+        fused_add_rms_norm(x, torch.randn(4, 9, device=checked_device))
     with pytest.raises(TypeError, match="residual must be float32.*got torch.int64"):
-        fused_add_rms_norm(x, torch.ones(4, 8, dtype=torch.long, device=device))
+        fused_add_rms_norm(x, torch.ones(4, 8, dtype=torch.long, device=checked_device))
