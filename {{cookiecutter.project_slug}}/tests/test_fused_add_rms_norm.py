@@ -109,7 +109,7 @@ def test_gradcheck(device):
         torch.randn(shape, dtype=torch.float64, device=device, requires_grad=True)
         for shape in ((3, 17), (3, 17), (17,))
     )
-    assert torch.autograd.gradcheck(fused_add_rms_norm, (x, r, w, 1e-6))
+    assert torch.autograd.gradcheck(fused_add_rms_norm, (x, r, w, 1e-6), check_forward_ad=True)
 
 
 @pytest.mark.parametrize("used", ["y", "new_residual", "both"])

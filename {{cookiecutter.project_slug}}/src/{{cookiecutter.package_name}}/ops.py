@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.autograd import forward_ad
 
-from . import _library, abstract_impls  # noqa: F401  (registers the ops and their fake impls)
+from . import _library, abstract_impls, reference  # noqa: F401  (_library, abstract_impls: register)
 from ._checks import check_fused_inputs, check_inputs
 
 _OPS = torch.ops.{{ cookiecutter.package_name }}
@@ -113,6 +114,15 @@ def _eager(name: str, *args):
     return entry(*args)
 
 
+def _has_tangent(*tensors: torch.Tensor | None) -> bool:
+    """Whether forward-mode AD (``torch.func.jvp``, dual tensors) is on and an input carries a
+    tangent. The ops have backward formulas only, and forward-mode AD would silently find no
+    tangent in their outputs: such calls run the reference, which it differentiates."""
+    return forward_ad._current_level >= 0 and any(
+        t is not None and forward_ad.unpack_dual(t).tangent is not None for t in tensors
+    )
+
+
 def _backward_op(name: str) -> Callable:
     """A caller of backward op ``name`` for the autograd formulas: the op, or its Python kernel
     directly for a plain call made without grad mode (as backward normally runs; with
@@ -139,11 +149,14 @@ def rms_norm(
 
     ``x`` may have any number of leading dimensions and any strides; float32, float16, bfloat16
     (and float64). ``weight`` may have another float dtype than ``x``. Math runs in float32; the
-    output has ``x``'s dtype and the weight gradient ``weight``'s dtype.
+    output has ``x``'s dtype and the weight gradient ``weight``'s dtype. Under forward-mode AD
+    it runs the pure-PyTorch reference.
     """
     y = _eager("rms_norm", x, weight, eps)
     if y is NotImplemented:
         check_inputs(x, weight)
+        if _has_tangent(x, weight):
+            return reference.rms_norm(x, weight, eps)
         y, _ = _rms_norm_fwd(x, weight, float(eps))
     return y
 
@@ -181,11 +194,13 @@ def fused_add_rms_norm(
 
     ``h`` (the new residual stream) is stored in ``residual``'s dtype and ``y`` in ``x``'s, as in
     ``h = h + attn(h); x = norm(h)`` of a transformer block. Gradients flowing into ``h`` are added
-    to those coming through ``y``.
+    to those coming through ``y``. Under forward-mode AD it runs the pure-PyTorch reference.
     """
     out = _eager("fused_add_rms_norm", x, residual, weight, eps)
     if out is NotImplemented:
         check_fused_inputs(x, residual, weight)
+        if _has_tangent(x, residual, weight):
+            return reference.fused_add_rms_norm(x, residual, weight, eps)
         y, new_residual, _ = _fused_add_rms_norm_fwd(x, residual, weight, float(eps))
         out = y, new_residual
     return out
