@@ -12,7 +12,11 @@ from collections.abc import Callable
 import torch
 from torch.autograd import forward_ad
 
-from . import _library, abstract_impls, reference  # noqa: F401  (_library, abstract_impls: register)
+from . import (
+    _library,
+    abstract_impls,  # noqa: F401  (registers the ops' fake impls)
+    reference,
+)
 from ._checks import check_fused_inputs, check_inputs
 
 _OPS = torch.ops.{{ cookiecutter.package_name }}
