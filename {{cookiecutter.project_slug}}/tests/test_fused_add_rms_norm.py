@@ -51,8 +51,8 @@ def test_backward_through_both_outputs(device, shape, dtypes):
 @pytest.mark.parametrize("shape", [(1, 4096), (256, 4096), (4096, 4096), (8192, 1024)], ids=str)
 @pytest.mark.parametrize("dtypes", DTYPES[2:], ids=str)
 def test_few_and_many_rows(shape, dtypes):
-    """A GPU kernel may launch a few rows (decode sizes) differently from many, where each
-    thread takes more of a row: all against float64."""
+    """A GPU kernel may launch a few rows (decode sizes), many rows, and a grid just over one
+    wave of blocks (8192x1024) differently: all against float64."""
     check_forward("cuda", shape, dtypes, weight=True)
     check_backward("cuda", shape, dtypes)
 

@@ -61,9 +61,8 @@ def test_backward(device, shape, dtype, weight):
 @pytest.mark.parametrize("shape", [(1, 4096), (256, 4096), (4096, 4096), (8192, 1024)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_few_and_many_rows(shape, dtype):
-    """A GPU kernel may launch a few rows (decode sizes) differently from many, where each
-    thread takes more of a row, and more again where that fits the grid in one wave (8192x1024
-    bf16 on a 132-SM GPU): all against float64."""
+    """A GPU kernel may launch a few rows (decode sizes), many rows, and a grid just over one
+    wave of blocks (8192x1024) differently: all against float64."""
     check_forward("cuda", shape, dtype, "float32")
     check_backward("cuda", shape, dtype, "same")
 
