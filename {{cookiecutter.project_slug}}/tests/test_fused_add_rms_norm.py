@@ -10,6 +10,8 @@ from {{ cookiecutter.package_name }} import fused_add_rms_norm, reference, rms_n
 OPS = torch.ops.{{ cookiecutter.package_name }}
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 SHAPES = [(1, 7), (3, 4096), (5, 8193), (2, 3, 96), (65, 128)]
+# Shapes the CUDA kernels launch differently (see test_few_and_many_rows).
+GPU_SHAPES = [(1, 4096), (256, 4096), (4096, 4096), (8192, 1024), (4096, 1024), (2000, 127)]
 # (x dtype, residual dtype): the residual stream is often kept in float32.
 DTYPES = [
     (torch.float32, torch.float32),
@@ -48,11 +50,12 @@ def test_backward_through_both_outputs(device, shape, dtypes):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("shape", [(1, 4096), (256, 4096), (4096, 4096), (8192, 1024)], ids=str)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
 @pytest.mark.parametrize("dtypes", DTYPES[2:], ids=str)
 def test_few_and_many_rows(shape, dtypes):
-    """A GPU kernel may launch a few rows (decode sizes), many rows, and a grid just over one
-    wave of blocks (8192x1024) differently: all against float64."""
+    """A GPU kernel may launch a few rows (decode sizes), many rows, a grid just over one wave
+    of blocks (8192x1024) and rows within a warp in one wave (4096x1024; 2000x127 with
+    single-element loads) differently: all against float64."""
     check_forward("cuda", shape, dtypes, weight=True)
     check_backward("cuda", shape, dtypes)
 
