@@ -31,6 +31,7 @@ COMMON = {
     "benchmarks/bench_rms_norm.py",
     "noxfile.py",
     "docs/adding_an_op.md",
+    "docs/performance.md",
     ".github/workflows/ci.yml",
     ".github/dependabot.yml",
     ".github/zizmor.yml",
