@@ -90,6 +90,22 @@ def test_very_wide_rows(device):
     torch.testing.assert_close(w.grad.double(), w64.grad, atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "dtype,n", [(torch.bfloat16, 16384), (torch.bfloat16, 8200), (torch.float32, 8192)]
+)
+def test_large_input(dtype, n):
+    # 512 MiB of x: the size from which kernels may pick another launch for wide rows.
+    m = (512 << 20) // (n * dtype.itemsize) + 3
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    w = 1 + 0.1 * torch.randn(n, device="cuda", dtype=dtype)
+    y = rms_norm(x, w)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    for rows in torch.arange(m, device="cuda").split(2048):  # float64, <= 256 MiB a slice
+        want = reference.rms_norm(x[rows].double(), w.double())
+        torch.testing.assert_close(y[rows].double(), want, atol=tol, rtol=tol)
+
+
 def fwd_bwd(x, w, dy):
     x.grad = w.grad = None
     y = rms_norm(x, w)
