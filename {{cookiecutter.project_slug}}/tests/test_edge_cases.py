@@ -92,10 +92,17 @@ def test_very_wide_rows(device):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(
-    "dtype,n", [(torch.bfloat16, 16384), (torch.bfloat16, 8200), (torch.float32, 8192)]
+    "dtype,n",
+    [
+        (torch.bfloat16, 16384),
+        (torch.bfloat16, 8192),
+        (torch.bfloat16, 8200),
+        (torch.float32, 8192),
+    ],
 )
 def test_large_input(dtype, n):
-    # 512 MiB of x: the size from which kernels may pick another launch for wide rows.
+    # 512 MiB of x: the size from which kernels may pick another launch for wide rows, here rows
+    # that take different launches.
     m = (512 << 20) // (n * dtype.itemsize) + 3
     x = torch.randn(m, n, device="cuda", dtype=dtype)
     w = 1 + 0.1 * torch.randn(n, device="cuda", dtype=dtype)
