@@ -101,8 +101,8 @@ def test_very_wide_rows(device):
     ],
 )
 def test_large_input(dtype, n):
-    # 512 MiB of x: the size from which kernels may pick another launch for wide rows, here rows
-    # that take different launches.
+    # 512 MiB of x: from there on the kernels take every launch they have for wide rows (some from
+    # 128 MiB), here rows that take different launches.
     m = (512 << 20) // (n * dtype.itemsize) + 3
     x = torch.randn(m, n, device="cuda", dtype=dtype)
     w = 1 + 0.1 * torch.randn(n, device="cuda", dtype=dtype)
