@@ -8,6 +8,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import zipfile
 
 import pytest
 import torch
@@ -66,6 +68,27 @@ def test_rendered_benchmark_runs_on_cpu(variant, tmp_path):
     assert {"acme_ops", "F.rms_norm", "compile(ref)", "eager ref", "copy"} <= impls
     assert all(r["status"] == "ok" and r["gbps"] > 0 for r in table), table
     assert "fwd+bwd ms" in output
+
+
+@pytest.mark.parametrize("variant", ["triton", "cpp"])
+def test_rendered_build_gives_a_complete_sdist_and_a_wheel(variant, tmp_path):
+    project = render(tmp_path, variant=variant, package_name="acme_ops")
+    # Every source a build from the sdist compiles or imports: a CUDA build from an sdist that
+    # lacks one of its headers fails only where nvcc runs, so no CPU test would notice.
+    sources = [p for d in ("csrc", "src") for p in (project / d).rglob("*") if p.is_file()]
+    nox(project, "build")
+    (sdist,) = (project / "dist").glob("*.tar.gz")
+    (wheel,) = (project / "dist").glob("*.whl")
+    with tarfile.open(sdist) as tar:
+        in_sdist = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    missing = sorted(str(p.relative_to(project)) for p in sources)
+    missing = [p for p in missing if p not in in_sdist]
+    assert not missing, f"not in the sdist: {missing}"
+    with zipfile.ZipFile(wheel) as whl:
+        names = whl.namelist()
+    assert "acme_ops/ops.py" in names
+    if variant == "cpp":
+        assert any(re.fullmatch(r"acme_ops/_C\..*\.so", n) for n in names), names
 
 
 @pytest.mark.skipif(

@@ -33,6 +33,36 @@ def test_bad_input_is_a_clear_error(
         rms_norm(x, w)
 
 
+def bwd_args(device, dtype=F32, grad_dtype=None, grad_shape=(4, 8), rstd_dtype=F32, rows=4):
+    x = torch.ones(4, 8, device=device, dtype=dtype)
+    grad_y = torch.ones(grad_shape, device=device, dtype=grad_dtype or dtype)
+    return grad_y, x, torch.ones(rows, device=device, dtype=rstd_dtype), None
+
+
+BF16 = torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(grad_dtype=torch.float64), TypeError, r"grad_y must have x's dtype \(torch.float32"),
+        (dict(grad_shape=(4, 9)), ValueError, r"grad_y must have x's shape \(4, 8\), got \(4, 9"),
+        (dict(rows=5), ValueError, r"rstd must have shape \(4,\), got \(5,\)"),
+        (
+            dict(dtype=BF16, rstd_dtype=BF16),
+            TypeError,
+            "rstd must be torch.float32 for x of dtype torch.bfloat16, got torch.bfloat16",
+        ),
+    ],
+)
+def test_bad_backward_input_is_a_clear_error(checked_device, kwargs, error, match):
+    # The backward op is called by autograd, but also by hand through torch.ops and under
+    # torch.compile (checked by the fake impl on meta tensors): the same checks everywhere.
+    args = bwd_args(checked_device, **kwargs)
+    with pytest.raises(error, match=match):
+        torch.ops.{{ cookiecutter.package_name }}.rms_norm_bwd(*args)
+
+
 @pytest.mark.parametrize("w_device", ["meta", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_weight_on_another_device(w_device):
     x, w = torch.ones(4, 8), torch.ones(8, device=w_device)

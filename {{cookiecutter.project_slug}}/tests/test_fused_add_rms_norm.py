@@ -115,6 +115,15 @@ def test_gradcheck(device):
     assert torch.autograd.gradcheck(fused_add_rms_norm, (x, r, w, 1e-6), check_forward_ad=True)
 
 
+def test_second_derivative_is_a_clear_error(device):
+    x, r, w = inputs((3, 17), (torch.float64, torch.float64), device, requires_grad=True)
+    y, h = fused_add_rms_norm(x, r, w)
+    (dx,) = torch.autograd.grad(y.square().sum() + h.sum(), x, create_graph=True)
+    match = f"derivative for {OPS.name}::fused_add_rms_norm_bwd is not implemented"
+    with pytest.raises(RuntimeError, match=match):
+        dx.square().sum().backward()
+
+
 @pytest.mark.parametrize("used", ["y", "new_residual", "both"])
 def test_registered_autograd_matches_the_api(device, used):
     # As in test_rms_norm: torch.ops runs the registered formula, the API the same one directly.
@@ -189,3 +198,43 @@ def test_bad_residual_is_a_clear_error(checked_device):
         fused_add_rms_norm(x, torch.randn(4, 9, device=checked_device))
     with pytest.raises(TypeError, match="residual must be float32.*got torch.int64"):
         fused_add_rms_norm(x, torch.ones(4, 8, dtype=torch.long, device=checked_device))
+    # The dtype pairs the kernels are built for: x's dtype, or float32 under a 16-bit x.
+    with pytest.raises(TypeError, match=r"residual must have x's dtype \(torch.float32\), got"):
+        fused_add_rms_norm(x, torch.ones(4, 8, dtype=torch.bfloat16, device=checked_device))
+    with pytest.raises(
+        TypeError,
+        match=r"residual must have x's dtype \(torch.float16\) or float32, got torch.bfloat16",
+    ):
+        fused_add_rms_norm(x.half(), torch.ones(4, 8, dtype=torch.bfloat16, device=checked_device))
+
+
+def fused_bwd_args(device, grad_res_shape=(4, 8), grad_res_dtype=torch.float32, **changes):
+    args = dict(
+        grad_y=torch.ones(4, 8, device=device, dtype=torch.bfloat16),
+        grad_new_residual=torch.ones(grad_res_shape, device=device, dtype=grad_res_dtype),
+        new_residual=torch.ones(4, 8, device=device),
+        rstd=torch.ones(4, device=device),
+        weight=None,
+        x_dtype=torch.bfloat16,
+    )
+    return {**args, **changes}
+
+
+@pytest.mark.parametrize(
+    "changes,error,match",
+    [
+        (dict(grad_res_shape=(4, 9)), ValueError, "grad_new_residual must have new_residual's sh"),
+        (
+            dict(grad_res_dtype=torch.bfloat16),
+            TypeError,
+            r"grad_new_residual must have new_residual's dtype \(torch.float32\)",
+        ),
+        (dict(x_dtype=torch.int64), TypeError, "x_dtype must be float32.*got torch.int64"),
+        (dict(x_dtype=torch.float64), TypeError, r"new_residual must have x_dtype's dtype"),
+        (dict(rstd=torch.ones(())), ValueError, r"rstd must have shape \(4,\), got \(\)"),
+    ],
+)
+def test_bad_backward_input_is_a_clear_error(checked_device, changes, error, match):
+    # As in test_edge_cases: errors name the fused op's own arguments.
+    with pytest.raises(error, match=match):
+        OPS.fused_add_rms_norm_bwd(**fused_bwd_args(checked_device, **changes))

@@ -143,6 +143,35 @@ def test_jvp(device):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_torch_func_grad(device):
+    # torch.func cannot differentiate through the ops' registered autograd: the API runs the
+    # reference under its transforms, second derivatives included.
+    x = torch.randn(3, 17, dtype=torch.float64, device=device)
+    w = torch.randn(17, dtype=torch.float64, device=device)
+
+    def grads(f):
+        loss = torch.func.grad(lambda x, w: f(x, w).square().sum(), argnums=(0, 1))
+        second = torch.func.grad(lambda x: loss(x, w)[0].square().sum())
+        return *loss(x, w), second(x)
+
+    for got, want in zip(grads(rms_norm), grads(reference.rms_norm), strict=True):
+        assert got.abs().sum() > 0
+        torch.testing.assert_close(got, want)
+
+
+def test_second_derivative_is_a_clear_error(device):
+    # The gradient itself, taken with create_graph=True, is right; differentiating it raises
+    # instead of leaving the second derivative silently wrong.
+    x = torch.randn(3, 17, dtype=torch.float64, device=device, requires_grad=True)
+    w = torch.randn(17, dtype=torch.float64, device=device, requires_grad=True)
+    (dx,) = torch.autograd.grad(rms_norm(x, w).square().sum(), x, create_graph=True)
+    (want,) = torch.autograd.grad(reference.rms_norm(x, w).square().sum(), x)
+    torch.testing.assert_close(dx.detach(), want)
+    match = f"derivative for {OPS.name}::rms_norm_bwd is not implemented"
+    with pytest.raises(RuntimeError, match=match):
+        dx.square().sum().backward()
+
+
 @pytest.mark.parametrize("needs_grad", ["x", "weight", "both"])
 def test_registered_autograd_matches_the_api(device, needs_grad):
     # A call through torch.ops runs the formula given to register_autograd (as torch.compile

@@ -14,15 +14,56 @@ def _check_dtype(name: str, t: torch.Tensor) -> None:
         raise TypeError(f"{name} must be float32, float16, bfloat16 or float64, got {t.dtype}")
 
 
-def check_inputs(x: torch.Tensor, weight: torch.Tensor | None) -> None:
-    """Checks the arguments of rms_norm(x, weight)."""
+def _check_device(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    if t.device != ref.device:
+        raise ValueError(f"{name} must be on {ref_name}'s device ({ref.device}), got {t.device}")
+
+
+def _check_like(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    """t (argument ``name``) has the shape and device of ref (argument ``ref_name``)."""
+    if t.shape != ref.shape:
+        raise ValueError(
+            f"{name} must have {ref_name}'s shape {tuple(ref.shape)}, got {tuple(t.shape)}"
+        )
+    _check_device(name, t, ref_name, ref)
+
+
+def _check_same_dtype(name: str, t: torch.Tensor, dtype: torch.dtype, dtype_of: str) -> None:
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must have {dtype_of}'s dtype ({dtype}), got {t.dtype}")
+
+
+def _check_residual_dtype(x_name: str, x_dtype: torch.dtype, name: str, dtype: torch.dtype):
+    """The residual stream has x's dtype, or float32 under float16/bfloat16 x."""
+    reduced = x_dtype in (torch.float16, torch.bfloat16)
+    if dtype != x_dtype and not (reduced and dtype == torch.float32):
+        also = " or float32" if reduced else ""
+        raise TypeError(f"{name} must have {x_name}'s dtype ({x_dtype}){also}, got {dtype}")
+
+
+def _check_rstd(rstd: torch.Tensor, x_name: str, x: torch.Tensor) -> None:
+    """rstd as the forward returned it for the rows of x, in the compute dtype."""
+    if rstd.shape != x.shape[:-1]:
+        raise ValueError(f"rstd must have shape {tuple(x.shape[:-1])}, got {tuple(rstd.shape)}")
+    want = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if rstd.dtype != want:
+        raise TypeError(f"rstd must be {want} for {x_name} of dtype {x.dtype}, got {rstd.dtype}")
+    _check_device("rstd", rstd, x_name, x)
+
+
+def check_inputs(x: torch.Tensor, weight: torch.Tensor | None, x_name: str = "x") -> None:
+    """Checks the arguments of rms_norm(x, weight); ``x_name`` names x in the messages."""
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        raise TypeError(f"{x_name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() == 0:
-        raise ValueError("x must have at least 1 dimension (the one normalized), got a 0-d tensor")
-    _check_dtype("x", x)
+        raise ValueError(
+            f"{x_name} must have at least 1 dimension (the one normalized), got a 0-d tensor"
+        )
+    _check_dtype(x_name, x)
     if x.shape[-1] == 0:
-        raise ValueError(f"x must have a non-empty last dimension, got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{x_name} must have a non-empty last dimension, got shape {tuple(x.shape)}"
+        )
     if weight is None:
         return
     if not isinstance(weight, torch.Tensor):
@@ -30,11 +71,10 @@ def check_inputs(x: torch.Tensor, weight: torch.Tensor | None) -> None:
     _check_dtype("weight", weight)
     if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
         raise ValueError(
-            f"weight must have shape ({x.shape[-1]},) to match the last dimension of x, "
+            f"weight must have shape ({x.shape[-1]},) to match the last dimension of {x_name}, "
             f"got {tuple(weight.shape)}"
         )
-    if weight.device != x.device:
-        raise ValueError(f"weight must be on x's device ({x.device}), got {weight.device}")
+    _check_device("weight", weight, x_name, x)
 
 
 def check_bwd_inputs(
@@ -42,14 +82,10 @@ def check_bwd_inputs(
 ) -> None:
     """Checks the arguments of the backward op (normally produced by autograd, not by users)."""
     check_inputs(x, weight)
-    if grad_y.shape != x.shape:
-        raise ValueError(f"grad_y must have x's shape {tuple(x.shape)}, got {tuple(grad_y.shape)}")
-    _check_dtype("grad_y", grad_y)
-    if rstd.shape != x.shape[:-1]:
-        raise ValueError(f"rstd must have shape {tuple(x.shape[:-1])}, got {tuple(rstd.shape)}")
-    for name, t in (("grad_y", grad_y), ("rstd", rstd)):
-        if t.device != x.device:
-            raise ValueError(f"{name} must be on x's device ({x.device}), got {t.device}")
+    _check_like("grad_y", grad_y, "x", x)
+    # The kernels read grad_y in x's dtype; autograd always produces it so.
+    _check_same_dtype("grad_y", grad_y, x.dtype, "x")
+    _check_rstd(rstd, "x", x)
 
 
 def check_fused_inputs(
@@ -60,9 +96,28 @@ def check_fused_inputs(
     if not isinstance(residual, torch.Tensor):
         raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
     _check_dtype("residual", residual)
-    if residual.shape != x.shape:
-        raise ValueError(
-            f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}"
+    _check_like("residual", residual, "x", x)
+    _check_residual_dtype("x", x.dtype, "residual", residual.dtype)
+
+
+def check_fused_bwd_inputs(
+    grad_y: torch.Tensor,
+    grad_new_residual: torch.Tensor | None,
+    new_residual: torch.Tensor,
+    rstd: torch.Tensor,
+    weight: torch.Tensor | None,
+    x_dtype: torch.dtype,
+) -> None:
+    """Checks the arguments of the fused backward op (normally produced by autograd)."""
+    check_inputs(new_residual, weight, "new_residual")
+    if x_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"x_dtype must be float32, float16, bfloat16 or float64, got {x_dtype}")
+    _check_residual_dtype("x_dtype", x_dtype, "new_residual", new_residual.dtype)
+    _check_like("grad_y", grad_y, "new_residual", new_residual)
+    _check_same_dtype("grad_y", grad_y, x_dtype, "x_dtype")
+    if grad_new_residual is not None:
+        _check_like("grad_new_residual", grad_new_residual, "new_residual", new_residual)
+        _check_same_dtype(
+            "grad_new_residual", grad_new_residual, new_residual.dtype, "new_residual"
         )
-    if residual.device != x.device:
-        raise ValueError(f"residual must be on x's device ({x.device}), got {residual.device}")
+    _check_rstd(rstd, "new_residual", new_residual)

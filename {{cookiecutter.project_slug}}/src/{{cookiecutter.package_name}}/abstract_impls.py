@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_bwd_inputs, check_fused_inputs, check_inputs
+from ._checks import check_bwd_inputs, check_fused_bwd_inputs, check_fused_inputs, check_inputs
 from .reference import compute_dtype
 
 
@@ -44,7 +44,7 @@ def _fused_add_rms_norm_fwd_fake(x, residual, weight, eps):
 
 @torch.library.register_fake("{{ cookiecutter.package_name }}::fused_add_rms_norm_bwd")
 def _fused_add_rms_norm_bwd_fake(grad_y, grad_new_residual, new_residual, rstd, weight, x_dtype):
-    check_bwd_inputs(grad_y, new_residual, rstd, weight)
+    check_fused_bwd_inputs(grad_y, grad_new_residual, new_residual, rstd, weight, x_dtype)
     dx = new_residual.new_empty(new_residual.shape, dtype=x_dtype)
     dresidual = new_residual.new_empty(new_residual.shape)
     return dx, dresidual, _weight_grad(weight, new_residual)

@@ -118,28 +118,65 @@ def _eager(name: str, *args):
     return entry(*args)
 
 
-def _has_tangent(*tensors: torch.Tensor | None) -> bool:
-    """Whether forward-mode AD (``torch.func.jvp``, dual tensors) is on and an input carries a
-    tangent. The ops have backward formulas only, and forward-mode AD would silently find no
-    tangent in their outputs: such calls run the reference, which it differentiates."""
-    return forward_ad._current_level >= 0 and any(
-        t is not None and forward_ad.unpack_dual(t).tangent is not None for t in tensors
+def _needs_reference(*tensors: torch.Tensor | None) -> bool:
+    """Whether a call must run the pure-PyTorch reference, which every kind of autograd
+    differentiates: under forward-mode AD (dual tensors, ``torch.func.jvp``) with a tangent on an
+    input, which would silently find no tangent in the ops' outputs (they have backward formulas
+    only), or where a torch.func transform (``grad``, ``vjp``, ``jacrev``) differentiates the
+    call, which it cannot do through the ops' registered autograd. (Under ``vmap`` alone the ops
+    run.)"""
+    present = [t for t in tensors if t is not None]
+    if forward_ad._current_level >= 0 and any(
+        forward_ad.unpack_dual(t).tangent is not None for t in present
+    ):
+        return True
+    return (
+        torch._C._are_functorch_transforms_active()
+        and torch.is_grad_enabled()
+        and any(t.requires_grad for t in present)
     )
+
+
+class _NoDerivative(torch.autograd.Function):
+    """Passes a backward op's outputs through; differentiating them raises.
+
+    A backward op has no derivative of its own. For one without an autograd kernel, autograd
+    only warns, and a gradient of a gradient (``create_graph=True``, then a second backward)
+    comes out silently wrong. C++ ops register torch's not-implemented kernel, which raises;
+    this raises the same way for ops whose kernels are Python.
+    """
+
+    @staticmethod
+    def forward(name, *outputs):
+        return outputs
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.name = inputs[0]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"derivative for {_OPS.name}::{ctx.name} is not implemented: the gradient of a "
+            "gradient through this op (create_graph=True, then a second backward) is not "
+            f"supported; differentiate {reference.__name__} for that"
+        )
 
 
 def _backward_op(name: str) -> Callable:
     """A caller of backward op ``name`` for the autograd formulas: the op, or its Python kernel
-    directly for a plain call made without grad mode (as backward normally runs; with
-    create_graph=True the op's lack of a derivative must still raise)."""
+    directly for a plain call made without grad mode (as backward normally runs). Under grad
+    mode (``create_graph=True``, torch.func transforms) the outputs of a Python kernel pass
+    through ``_NoDerivative``."""
     op = getattr(_OPS, name).default
     kernel = _library.PYTHON_KERNELS.get(name)
     if kernel is None:
         return op
 
     def call(*args):
-        if not torch.is_grad_enabled() and _plain_call(args):
-            return kernel(*args)
-        return op(*args)
+        if not torch.is_grad_enabled():
+            return kernel(*args) if _plain_call(args) else op(*args)
+        return _NoDerivative.apply(name, *op(*args))
 
     return call
 
@@ -153,13 +190,13 @@ def rms_norm(
 
     ``x`` may have any number of leading dimensions and any strides; float32, float16, bfloat16
     (and float64). ``weight`` may have another float dtype than ``x``. Math runs in float32; the
-    output has ``x``'s dtype and the weight gradient ``weight``'s dtype. Under forward-mode AD
-    it runs the pure-PyTorch reference.
+    output has ``x``'s dtype and the weight gradient ``weight``'s dtype. Under torch.func
+    transforms and forward-mode AD it runs the pure-PyTorch reference.
     """
     y = _eager("rms_norm", x, weight, eps)
     if y is NotImplemented:
         check_inputs(x, weight)
-        if _has_tangent(x, weight):
+        if _needs_reference(x, weight):
             return reference.rms_norm(x, weight, eps)
         y, _ = _rms_norm_fwd(x, weight, float(eps))
     return y
@@ -198,12 +235,13 @@ def fused_add_rms_norm(
 
     ``h`` (the new residual stream) is stored in ``residual``'s dtype and ``y`` in ``x``'s, as in
     ``h = h + attn(h); x = norm(h)`` of a transformer block. Gradients flowing into ``h`` are added
-    to those coming through ``y``. Under forward-mode AD it runs the pure-PyTorch reference.
+    to those coming through ``y``. Under torch.func transforms and forward-mode AD it runs the
+    pure-PyTorch reference.
     """
     out = _eager("fused_add_rms_norm", x, residual, weight, eps)
     if out is NotImplemented:
         check_fused_inputs(x, residual, weight)
-        if _has_tangent(x, residual, weight):
+        if _needs_reference(x, residual, weight):
             return reference.fused_add_rms_norm(x, residual, weight, eps)
         y, new_residual, _ = _fused_add_rms_norm_fwd(x, residual, weight, float(eps))
         out = y, new_residual
