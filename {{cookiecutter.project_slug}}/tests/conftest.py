@@ -43,3 +43,19 @@ def checked_device(request):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+{%- if cookiecutter.variant == "triton" %}
+
+
+@pytest.fixture
+def compile_backend(device):
+    """torch.compile's backend for a test on ``device``: inductor, except on CPU, where it cannot
+    compile around a Triton kernel; aot_eager still traces both passes into graphs of the ops."""
+    return "aot_eager" if device == "cpu" else "inductor"
+{%- else %}
+
+
+@pytest.fixture
+def compile_backend():
+    """torch.compile's backend for the tests: the default, inductor, on every device."""
+    return "inductor"
+{%- endif %}

@@ -63,6 +63,12 @@ def test_bad_backward_input_is_a_clear_error(checked_device, kwargs, error, matc
         torch.ops.{{ cookiecutter.package_name }}.rms_norm_bwd(*args)
 
 
+@pytest.mark.parametrize("eps", ["1e-6x", None, torch.ones(2)])
+def test_bad_eps_is_a_clear_error(checked_device, eps):
+    with pytest.raises(TypeError, match="eps must be a float, got"):
+        rms_norm(torch.ones(4, 8, device=checked_device), None, eps)
+
+
 @pytest.mark.parametrize("w_device", ["meta", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_weight_on_another_device(w_device):
     x, w = torch.ones(4, 8), torch.ones(8, device=w_device)
@@ -153,7 +159,7 @@ def fwd_bwd(x, w, dy):
 @pytest.mark.filterwarnings("ignore:.*jit.trace:DeprecationWarning")
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 def test_ops_stay_visible_to_what_watches_dispatched_ops(device):
-    # A plain eager call may run a Python kernel without the dispatcher; modes, a
+    # A plain eager call takes a shortcut past torch.ops (ops.py's _plain_call); modes, a
     # __torch_function__ subclass, vmap, jit.trace and the profiler must still see the ops.
     x = torch.randn(3, 4, 64, device=device, requires_grad=True)
     w = torch.randn(64, device=device, requires_grad=True)

@@ -178,9 +178,8 @@ def block(x, residual, w):
     return (y * 2.0).sum() + h.square().sum()
 
 
-def test_compile_fullgraph_dynamic_no_graph_breaks(device):
-    backend = "aot_eager" if device == "cpu" else "inductor"
-    compiled = torch.compile(block, backend=backend, fullgraph=True, dynamic=True)
+def test_compile_fullgraph_dynamic_no_graph_breaks(device, compile_backend):
+    compiled = torch.compile(block, backend=compile_backend, fullgraph=True, dynamic=True)
     for shape in [(4, 64), (7, 96)]:
         x, r, w = inputs(shape, (torch.float32, torch.float32), device, requires_grad=True)
         compiled(x, r, w).backward()

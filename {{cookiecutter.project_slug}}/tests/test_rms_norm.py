@@ -223,18 +223,13 @@ def test_opcheck_bwd(device, case):
     opcheck(OPS.rms_norm_bwd.default, (dy, x, rstd, w))
 
 
-def compile_backend(device):
-    # Inductor cannot compile for CPU around a Triton kernel; aot_eager still traces both passes.
-    return "aot_eager" if device == "cpu" else "inductor"
-
-
 def loss_fn(x, w):
     return (rms_norm(x, w) * 2.0).sum()
 
 
 @pytest.mark.parametrize("weight", [True, False], ids=["weight", "no_weight"])
-def test_compile_fullgraph_dynamic(device, weight):
-    compiled = torch.compile(loss_fn, backend=compile_backend(device), fullgraph=True, dynamic=True)
+def test_compile_fullgraph_dynamic(device, compile_backend, weight):
+    compiled = torch.compile(loss_fn, backend=compile_backend, fullgraph=True, dynamic=True)
     for shape in [(4, 64), (7, 96), (2, 5, 128)]:
         x = torch.randn(shape, device=device, requires_grad=True)
         w = torch.randn(shape[-1], device=device, requires_grad=True) if weight else None
@@ -289,3 +284,13 @@ def test_module_matches_torch_rmsnorm(device):
     torch.testing.assert_close(ours(x), theirs(x))
     no_affine = RMSNorm(64, elementwise_affine=False)
     assert no_affine.weight is None and not no_affine.state_dict()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+def test_module_default_eps_matches_torch_rmsnorm(device, dtype):
+    # eps=None is a machine epsilon, as in torch.nn.RMSNorm: rows this small show which one.
+    x = 1e-2 * torch.randn(3, 64, device=device, dtype=dtype)
+    ours = RMSNorm(64, device=device, dtype=dtype)
+    theirs = torch.nn.RMSNorm(64, device=device, dtype=dtype)
+    assert ours.eps is None and theirs.eps is None
+    torch.testing.assert_close(ours(x), theirs(x))

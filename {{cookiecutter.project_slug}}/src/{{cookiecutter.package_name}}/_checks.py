@@ -51,6 +51,14 @@ def _check_rstd(rstd: torch.Tensor, x_name: str, x: torch.Tensor) -> None:
     _check_device("rstd", rstd, x_name, x)
 
 
+def as_eps(eps: float) -> float:
+    """eps as the ops take it (a Python float), or an error that names it."""
+    try:
+        return float(eps)
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several elements
+        raise TypeError(f"eps must be a float, got {eps!r}") from None
+
+
 def check_inputs(x: torch.Tensor, weight: torch.Tensor | None, x_name: str = "x") -> None:
     """Checks the arguments of rms_norm(x, weight); ``x_name`` names x in the messages."""
     if not isinstance(x, torch.Tensor):

@@ -5,15 +5,18 @@ from __future__ import annotations
 import torch
 
 from .ops import rms_norm
+from .reference import compute_dtype
 
 
 class RMSNorm(torch.nn.Module):
-    """RMSNorm over the last dimension; ``weight`` and ``state_dict`` match torch.nn.RMSNorm's."""
+    """RMSNorm over the last dimension; arguments, ``weight`` and ``state_dict`` match
+    torch.nn.RMSNorm's. As there, ``eps=None`` is the machine epsilon of the dtype the math runs
+    in: float32's, float64's for float64 ``x``."""
 
     def __init__(
         self,
         normalized_shape: int,
-        eps: float = 1e-6,
+        eps: float | None = None,
         elementwise_affine: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -42,7 +45,8 @@ class RMSNorm(torch.nn.Module):
             torch.nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        eps = torch.finfo(compute_dtype(x)).eps if self.eps is None else self.eps
+        return rms_norm(x, self.weight, eps)
 
     def extra_repr(self) -> str:
         return (

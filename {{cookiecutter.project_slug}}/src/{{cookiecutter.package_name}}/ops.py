@@ -1,8 +1,8 @@
 """Public functional API and autograd for the RMSNorm ops.
 
-Each op is a forward/backward pair registered in ``_library``. Autograd is attached with
-``torch.library.register_autograd``, so torch.compile traces both passes into its graph as these
-ops.
+Each op is a forward/backward pair, registered when ``_library`` is imported. Autograd is
+attached with ``torch.library.register_autograd``, so torch.compile traces both passes into its
+graph as these ops.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from . import (
     abstract_impls,  # noqa: F401  (registers the ops' fake impls)
     reference,
 )
-from ._checks import check_fused_inputs, check_inputs
+from ._checks import as_eps, check_fused_inputs, check_inputs
 
 _OPS = torch.ops.{{ cookiecutter.package_name }}
 
@@ -198,7 +198,7 @@ def rms_norm(
         check_inputs(x, weight)
         if _needs_reference(x, weight):
             return reference.rms_norm(x, weight, eps)
-        y, _ = _rms_norm_fwd(x, weight, float(eps))
+        y, _ = _rms_norm_fwd(x, weight, as_eps(eps))
     return y
 
 
@@ -243,7 +243,7 @@ def fused_add_rms_norm(
         check_fused_inputs(x, residual, weight)
         if _needs_reference(x, residual, weight):
             return reference.fused_add_rms_norm(x, residual, weight, eps)
-        y, new_residual, _ = _fused_add_rms_norm_fwd(x, residual, weight, float(eps))
+        y, new_residual, _ = _fused_add_rms_norm_fwd(x, residual, weight, as_eps(eps))
         out = y, new_residual
     return out
 
