@@ -253,6 +253,13 @@ def test_no_graph_breaks(device):
     assert explanation.graph_count == 1
 
 
+def test_module_has_no_graph_breaks(device):
+    # eps=None resolves to a machine epsilon inside forward: a constant to torch.compile.
+    norm = RMSNorm(64, device=device)
+    explanation = torch._dynamo.explain(norm)(torch.randn(6, 64, device=device))
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
 def test_compile_traces_both_ops(device):
     """torch.compile keeps the ops opaque: the forward graph calls rms_norm_fwd and the backward
     graph rms_norm_bwd, instead of tracing into (or around) the kernels."""
