@@ -66,8 +66,8 @@ def build(session: nox.Session) -> None:
 {%- if cookiecutter.variant == "cpp" %}
     # The wheel is compiled against the torch installed here (TORCH_SPEC) and loads only into
     # that torch's major.minor.
-{%- endif %}
     install_torch(session, CPU_INDEX)
+{%- endif %}
     session.install(*BUILD_DEPS, "build")
     session.run("python", "-m", "build", "--no-isolation", "--outdir", "dist")
 {%- if cookiecutter.variant == "cpp" %}

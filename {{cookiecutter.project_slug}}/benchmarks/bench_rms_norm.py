@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import datetime
 import gc
+import importlib.util
 import json
 import statistics
 import sys
@@ -390,6 +391,8 @@ def main(argv=None) -> None:
         parser.error("--device cuda, but CUDA is not available")
     if args.cuda_graphs and device != "cuda":
         parser.error("--cuda-graphs needs --device cuda")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:  # before hours of timing
+        parser.error('--plot needs matplotlib: pip install matplotlib (or the ".[bench]" extra)')
     dtype = DTYPES[args.dtype]
     grid = args.shapes or (QUICK_GRID if args.quick else DEFAULT_GRID)
     kept = [s for s in grid if fits(*s, dtype, device, copies=2 if args.cuda_graphs else 1)]

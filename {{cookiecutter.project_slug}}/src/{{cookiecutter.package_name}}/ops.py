@@ -189,9 +189,10 @@ def rms_norm(
     """RMSNorm over the last dimension of ``x``: ``x / sqrt(mean(x**2) + eps) * weight``.
 
     ``x`` may have any number of leading dimensions and any strides; float32, float16, bfloat16
-    (and float64). ``weight`` may have another float dtype than ``x``. Math runs in float32; the
-    output has ``x``'s dtype and the weight gradient ``weight``'s dtype. Under torch.func
-    transforms and forward-mode AD it runs the pure-PyTorch reference.
+    (and float64). ``weight`` may have another float dtype than ``x``. Math runs in float32
+    (float64 for float64 ``x``); the output has ``x``'s dtype and the weight gradient
+    ``weight``'s dtype. Under torch.func transforms and forward-mode AD it runs the pure-PyTorch
+    reference.
     """
     y = _eager("rms_norm", x, weight, eps)
     if y is NotImplemented:
