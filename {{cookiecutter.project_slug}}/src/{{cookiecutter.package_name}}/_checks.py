@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from .reference import compute_dtype
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
@@ -33,7 +35,7 @@ def _check_same_dtype(name: str, t: torch.Tensor, dtype: torch.dtype, dtype_of: 
         raise TypeError(f"{name} must have {dtype_of}'s dtype ({dtype}), got {t.dtype}")
 
 
-def _check_residual_dtype(x_name: str, x_dtype: torch.dtype, name: str, dtype: torch.dtype):
+def _check_residual_dtype(x_name: str, x_dtype: torch.dtype, name: str, dtype: torch.dtype) -> None:
     """The residual stream has x's dtype, or float32 under float16/bfloat16 x."""
     reduced = x_dtype in (torch.float16, torch.bfloat16)
     if dtype != x_dtype and not (reduced and dtype == torch.float32):
@@ -45,7 +47,7 @@ def _check_rstd(rstd: torch.Tensor, x_name: str, x: torch.Tensor) -> None:
     """rstd as the forward returned it for the rows of x, in the compute dtype."""
     if rstd.shape != x.shape[:-1]:
         raise ValueError(f"rstd must have shape {tuple(x.shape[:-1])}, got {tuple(rstd.shape)}")
-    want = torch.float64 if x.dtype == torch.float64 else torch.float32
+    want = compute_dtype(x)
     if rstd.dtype != want:
         raise TypeError(f"rstd must be {want} for {x_name} of dtype {x.dtype}, got {rstd.dtype}")
     _check_device("rstd", rstd, x_name, x)

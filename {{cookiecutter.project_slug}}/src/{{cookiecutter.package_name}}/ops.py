@@ -166,8 +166,7 @@ class _NoDerivative(torch.autograd.Function):
 def _backward_op(name: str) -> Callable:
     """A caller of backward op ``name`` for the autograd formulas: the op, or its Python kernel
     directly for a plain call made without grad mode (as backward normally runs). Under grad
-    mode (``create_graph=True``, torch.func transforms) the outputs of a Python kernel pass
-    through ``_NoDerivative``."""
+    mode (``create_graph=True``) the outputs of a Python kernel pass through ``_NoDerivative``."""
     op = getattr(_OPS, name).default
     kernel = _library.PYTHON_KERNELS.get(name)
     if kernel is None:
