@@ -149,6 +149,34 @@ def test_large_input(dtype, n):
         torch.testing.assert_close(y[i : i + 2048].double(), want, atol=tol, rtol=tol)
 
 
+@pytest.mark.cuda
+def test_more_rows_than_int32_can_index():
+    # Row indices past 2**31, forward and backward: rows of one element (an eps that large
+    # keeps dx away from zero there).
+    m, eps = (1 << 31) + 5, 0.5
+    # x, y, dy and dx in bfloat16, rstd in float32, and float64 slices for the reference.
+    need = m * (4 * 2 + 4) + (8 << 30)
+    if need > 0.8 * torch.cuda.mem_get_info()[0]:
+        pytest.skip(f"needs {need >> 30} GiB of free GPU memory")
+    x = torch.randn(m, 1, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.full((1,), 1.5, device="cuda", requires_grad=True)
+    dy = torch.randn(m, 1, device="cuda", dtype=torch.bfloat16)
+    y = rms_norm(x, w, eps)
+    y.backward(dy)
+    w64 = w.detach().double().requires_grad_()
+    want_dw = torch.zeros(1, dtype=torch.float64, device="cuda")
+    for start in range(0, m, 1 << 27):
+        rows = slice(start, start + (1 << 27))
+        x64 = x[rows].detach().double().requires_grad_()
+        want = reference.rms_norm(x64, w64, eps)
+        dx64, dw64 = torch.autograd.grad(want, (x64, w64), dy[rows].double())
+        want_dw += dw64
+        if start == 0 or start + (1 << 27) >= (1 << 31):  # the first rows and those past 2**31
+            torch.testing.assert_close(y[rows].double(), want, atol=2e-2, rtol=2e-2)
+            torch.testing.assert_close(x.grad[rows].double(), dx64, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(w.grad.double(), want_dw, atol=1e-3, rtol=1e-4)
+
+
 def fwd_bwd(x, w, dy):
     x.grad = w.grad = None
     y = rms_norm(x, w)

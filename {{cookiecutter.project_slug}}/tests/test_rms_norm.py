@@ -17,7 +17,15 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float64: 1e-12}
 SHAPES = [(1, 7), (4, 1000), (3, 4096), (5, 8193), (2, 3, 96), (65, 128)]
 # Shapes the CUDA kernels launch differently (see test_few_and_many_rows).
-GPU_SHAPES = [(1, 4096), (256, 4096), (4096, 4096), (8192, 1024), (4096, 1024), (2000, 127)]
+GPU_SHAPES = [
+    (1, 4096),
+    (256, 4096),
+    (4096, 4096),
+    (8192, 1024),
+    (4096, 1024),
+    (20000, 2048),
+    (2000, 127),
+]
 WEIGHTS = ["none", "same", "float32"]
 
 
@@ -64,8 +72,9 @@ def test_backward(device, shape, dtype, weight):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_few_and_many_rows(shape, dtype):
     """A GPU kernel may launch a few rows (decode sizes), many rows, a grid just over one wave
-    of blocks (8192x1024) and rows within a warp in one wave (4096x1024; 2000x127 with
-    single-element loads) differently: all against float64."""
+    of blocks (8192x1024), rows within a warp in one wave (4096x1024; 2000x127 with
+    single-element loads) and short rows over several waves (20000x2048) differently: all
+    against float64."""
     check_forward("cuda", shape, dtype, "float32")
     check_backward("cuda", shape, dtype, "same")
 
