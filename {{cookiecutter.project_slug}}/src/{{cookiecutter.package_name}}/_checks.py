@@ -11,9 +11,9 @@ from .reference import compute_dtype
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-def _check_dtype(name: str, t: torch.Tensor) -> None:
-    if t.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float32, float16, bfloat16 or float64, got {t.dtype}")
+def _check_dtype(name: str, dtype: torch.dtype) -> None:
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32, float16, bfloat16 or float64, got {dtype}")
 
 
 def _check_device(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
@@ -69,7 +69,7 @@ def check_inputs(x: torch.Tensor, weight: torch.Tensor | None, x_name: str = "x"
         raise ValueError(
             f"{x_name} must have at least 1 dimension (the one normalized), got a 0-d tensor"
         )
-    _check_dtype(x_name, x)
+    _check_dtype(x_name, x.dtype)
     if x.shape[-1] == 0:
         raise ValueError(
             f"{x_name} must have a non-empty last dimension, got shape {tuple(x.shape)}"
@@ -78,7 +78,7 @@ def check_inputs(x: torch.Tensor, weight: torch.Tensor | None, x_name: str = "x"
         return
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"weight must be a torch.Tensor or None, got {type(weight).__name__}")
-    _check_dtype("weight", weight)
+    _check_dtype("weight", weight.dtype)
     if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
         raise ValueError(
             f"weight must have shape ({x.shape[-1]},) to match the last dimension of {x_name}, "
@@ -105,7 +105,7 @@ def check_fused_inputs(
     check_inputs(x, weight)
     if not isinstance(residual, torch.Tensor):
         raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
-    _check_dtype("residual", residual)
+    _check_dtype("residual", residual.dtype)
     _check_like("residual", residual, "x", x)
     _check_residual_dtype("x", x.dtype, "residual", residual.dtype)
 
@@ -120,8 +120,7 @@ def check_fused_bwd_inputs(
 ) -> None:
     """Checks the arguments of the fused backward op (normally produced by autograd)."""
     check_inputs(new_residual, weight, "new_residual")
-    if x_dtype not in FLOAT_DTYPES:
-        raise TypeError(f"x_dtype must be float32, float16, bfloat16 or float64, got {x_dtype}")
+    _check_dtype("x_dtype", x_dtype)
     _check_residual_dtype("x_dtype", x_dtype, "new_residual", new_residual.dtype)
     _check_like("grad_y", grad_y, "new_residual", new_residual)
     _check_same_dtype("grad_y", grad_y, x_dtype, "x_dtype")
