@@ -60,13 +60,14 @@ def test_rendered_project_lints_and_passes_its_tests(variant, tmp_path):
 def test_rendered_benchmark_runs_on_cpu(variant, tmp_path):
     project = render(tmp_path, variant=variant, package_name="acme_ops")
     plot, rows = tmp_path / "bench.png", tmp_path / "bench.json"
-    args = ["--device", "cpu", "--quick", "--plot", plot, "--json", rows]
+    args = ["--device", "cpu", "--quick", "--rounds", "2", "--plot", plot, "--json", rows]
     output = nox(project, "benchmark", "--", *map(str, args))
     assert plot.stat().st_size > 10_000
     table = json.loads(rows.read_text())["throughput"]
     impls = {r["impl"] for r in table}
     assert {"acme_ops", "F.rms_norm", "compile(ref)", "eager ref", "copy"} <= impls
     assert all(r["status"] == "ok" and r["gbps"] > 0 for r in table), table
+    assert all(len(r["rounds_ms"]) == 2 for r in table), table
     assert "fwd+bwd ms" in output
 
 

@@ -11,11 +11,14 @@ reported as WRONG, not timed.
     python benchmarks/bench_rms_norm.py --device cpu --quick --plot bench.png
     python benchmarks/bench_rms_norm.py --op fused_add_rms_norm --shapes 32768x4096
     python benchmarks/bench_rms_norm.py --cuda-graphs           # GPU time alone, no host overhead
+    python benchmarks/bench_rms_norm.py --cuda-graphs --rounds 5  # median of 5 interleaved rounds
 
 By default each call is timed as eager code runs it, host overhead included: where the host
 takes longer to issue a call (Python, dispatch, kernel launches) than the GPU takes to run it,
 the host time is what is measured. --cuda-graphs times replays of each call captured in a CUDA
 graph instead, as in a model run with torch.compile(mode="reduce-overhead"): the kernels alone.
+Timings of one kernel move by a few tenths of a microsecond from one measurement to the next:
+to compare kernels within that, time them over several interleaved rounds (--rounds).
 """
 
 from __future__ import annotations
@@ -217,45 +220,67 @@ def fits(m: int, n: int, dtype: torch.dtype, device: str, copies: int = 1) -> bo
     return need < 0.8 * free
 
 
-def bench_shape(m, n, dtype, device, spec, time_ms, copy_time_ms) -> list[dict]:
+def bench_shape(m, n, dtype, device, spec, time_ms, copy_time_ms, rounds=1) -> list[dict]:
+    """Times every implementation and mode, and the copy, `rounds` times over, interleaved (each
+    round in another order), so that clock and temperature drift spread over all of them; each
+    row reports the median over the rounds and keeps every round's time."""
     inputs = spec["make_inputs"](m, n, dtype, device)
     x = inputs[0]
     grads = tuple(torch.randn_like(o) for o in as_tuple(spec["reference"](*inputs)))
     copy_dst = torch.empty_like(x)
     element_bytes = m * n * dtype.itemsize
-    copy_ms = copy_time_ms(lambda: copy_dst.copy_(x))
+    impls = spec["impls"]
+    problems = {name: check(fn, spec["reference"], inputs, grads) for name, fn in impls.items()}
+
+    def copy():
+        return copy_dst.copy_(x)
+
+    times: dict[tuple[str, str], list[float]] = {}
+    failed: dict[tuple[str, str], str] = {}
+    order = ["copy", *impls]
+    for r in range(rounds):
+        for name in order[r % len(order) :] + order[: r % len(order)]:
+            if name == "copy":
+                times.setdefault(("copy", "copy"), []).append(copy_time_ms(copy))
+            elif not problems[name]:
+                _time_impl(impls[name], name, inputs, grads, time_ms, times, failed)
+    copy_times = times[("copy", "copy")]
+    copy_ms = statistics.median(copy_times)
     copy_gbps = 2 * element_bytes / copy_ms / 1e6
-    rows = [
-        dict(M=m, N=n, impl="copy", mode="copy", ms=copy_ms, gbps=copy_gbps, frac=1.0, status="ok")
-    ]
-    for name, fn in spec["impls"].items():
-        problem = check(fn, spec["reference"], inputs, grads)
-        leaves = [t.detach().requires_grad_() for t in inputs]
-        outs = as_tuple(fn(*leaves))
-        runs = {
-            "fwd": lambda fn=fn: fn(*inputs),
-            "bwd": lambda outs=outs, leaves=leaves: torch.autograd.grad(
-                outs, leaves, grads, retain_graph=True
-            ),
-            "fwd+bwd": lambda fn=fn, leaves=leaves: torch.autograd.grad(
-                as_tuple(fn(*leaves)), leaves, grads
-            ),
-        }
+    copy_row = dict(M=m, N=n, impl="copy", mode="copy", ms=copy_ms, gbps=copy_gbps, frac=1.0)
+    rows = [dict(copy_row, status="ok", rounds_ms=copy_times)]
+    for name in impls:
         for mode in MODES:
             row = dict(M=m, N=n, impl=name, mode=mode, ms=None, gbps=None, frac=None)
-            if problem:
-                row["status"] = f"WRONG: {problem}"
+            if problems[name]:
+                row["status"] = f"WRONG: {problems[name]}"
+            elif (name, mode) in failed:
+                row["status"] = f"FAILED: {failed[(name, mode)]}"
             else:
-                try:
-                    ms = time_ms(runs[mode])
-                except RuntimeError as e:  # e.g. a call that cannot be captured in a CUDA graph
-                    row["status"] = f"FAILED: {str(e).splitlines()[0]}"
-                else:
-                    gbps = spec["units"][mode] * element_bytes / ms / 1e6
-                    row.update(ms=ms, gbps=gbps, frac=gbps / copy_gbps, status="ok")
+                ms = statistics.median(times[(name, mode)])
+                gbps = spec["units"][mode] * element_bytes / ms / 1e6
+                row.update(ms=ms, gbps=gbps, frac=gbps / copy_gbps, status="ok")
+                row["rounds_ms"] = times[(name, mode)]
             rows.append(row)
-        del outs, leaves
     return rows
+
+
+def _time_impl(fn, name, inputs, grads, time_ms, times, failed) -> None:
+    """One round of an implementation: each mode timed once, into times[(name, mode)]."""
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    outs = as_tuple(fn(*leaves))
+    runs = {
+        "fwd": lambda: fn(*inputs),
+        "bwd": lambda: torch.autograd.grad(outs, leaves, grads, retain_graph=True),
+        "fwd+bwd": lambda: torch.autograd.grad(as_tuple(fn(*leaves)), leaves, grads),
+    }
+    for mode in MODES:
+        if (name, mode) in failed:
+            continue
+        try:
+            times.setdefault((name, mode), []).append(time_ms(runs[mode]))
+        except RuntimeError as e:  # e.g. a call that cannot be captured in a CUDA graph
+            failed[(name, mode)] = str(e).splitlines()[0]
 
 
 def decode_latency(dtype, spec) -> list[dict]:
@@ -382,6 +407,12 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--cuda-graphs", action="store_true", help="time CUDA-graph replays: no host overhead"
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="time each shape this many times over, interleaved, and report the median",
+    )
     parser.add_argument("--plot", metavar="PATH.png", help="plot fraction of copy bandwidth")
     parser.add_argument("--json", metavar="PATH", help="write every row as JSON")
     args = parser.parse_args(argv)
@@ -389,6 +420,8 @@ def main(argv=None) -> None:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but CUDA is not available")
+    if args.rounds < 1:
+        parser.error(f"--rounds wants a positive count, got {args.rounds}")
     if args.cuda_graphs and device != "cuda":
         parser.error("--cuda-graphs needs --device cuda")
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # before hours of timing
@@ -420,7 +453,7 @@ def main(argv=None) -> None:
     for m, n in progress(kept, "shapes"):
         with torch.cuda.stream(side_stream):  # no-op for None
             try:
-                rows += bench_shape(m, n, dtype, device, spec, time_ms, eager_ms)
+                rows += bench_shape(m, n, dtype, device, spec, time_ms, eager_ms, args.rounds)
             except torch.OutOfMemoryError:  # fits() is an estimate: keep the shapes measured
                 print(f"note: {m}x{n} skipped: out of device memory", file=sys.stderr)
         if device == "cuda":
@@ -431,6 +464,7 @@ def main(argv=None) -> None:
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     title = f"{args.op} {args.dtype} on {name}, torch {torch.__version__}"
     title += ", CUDA-graph replays" if args.cuda_graphs else ""
+    title += f", median of {args.rounds} rounds" if args.rounds > 1 else ""
     title += f", {datetime.date.today().isoformat()}"
     if args.json:
         with open(args.json, "w") as f:
