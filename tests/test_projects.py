@@ -92,6 +92,31 @@ def test_rendered_build_gives_a_complete_sdist_and_a_wheel(variant, tmp_path):
         assert any(re.fullmatch(r"acme_ops/_C\..*\.so", n) for n in names), names
 
 
+def cpu_flags() -> set[str]:
+    """The instruction-set flags of this machine's CPU (empty where /proc/cpuinfo has none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            found = re.search(r"^flags\s*:(.*)$", f.read(), re.MULTILINE)
+    except OSError:
+        return set()
+    return set(found.group(1).split()) if found else set()
+
+
+@pytest.mark.skipif(
+    not {"avx2", "fma", "f16c"} <= cpu_flags(), reason="needs an x86-64 CPU with AVX2, FMA, F16C"
+)
+def test_cpp_avx2_build_passes_its_tests(tmp_path):
+    project = render(tmp_path, variant="cpp", package_name="acme_ops")
+    output = nox(project, "tests", env={**NOX_ENV, "BUILD_AVX2": "1"})
+    summary = re.findall(r"=+ (.*(?:passed|failed).*) in [\d.]+s", output)[-1]
+    passed = int(re.search(r"(\d+) passed", summary).group(1))
+    assert passed >= 130 and "failed" not in summary and "error" not in summary, summary
+    (library,) = project.rglob("acme_ops/_C*.so")
+    if shutil.which("objdump"):  # the flags reached the compiler: 256-bit registers are used
+        code = subprocess.run(["objdump", "-d", library], capture_output=True, text=True).stdout
+        assert "%ymm" in code
+
+
 @pytest.mark.skipif(
     not (CUDA_TORCH and shutil.which("nvcc")),
     reason="needs nvcc and TEMPLATE_CUDA_TORCH naming a CUDA build of torch",
