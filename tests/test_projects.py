@@ -111,6 +111,7 @@ def test_cpp_avx2_build_passes_its_tests(tmp_path):
     summary = re.findall(r"=+ (.*(?:passed|failed).*) in [\d.]+s", output)[-1]
     passed = int(re.search(r"(\d+) passed", summary).group(1))
     assert passed >= 130 and "failed" not in summary and "error" not in summary, summary
+    assert "CPU_AVX2 = True" in (project / "src" / "acme_ops" / "_build_info.py").read_text()
     (library,) = project.rglob("acme_ops/_C*.so")
     if shutil.which("objdump"):  # the flags reached the compiler: 256-bit registers are used
         code = subprocess.run(["objdump", "-d", library], capture_output=True, text=True).stdout
