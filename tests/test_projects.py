@@ -43,14 +43,19 @@ def nox(project, *sessions, env=NOX_ENV):
     return output
 
 
+def assert_suite_passed(output: str) -> None:
+    """pytest's summary line in a nox session's output: enough tests passed and none failed."""
+    summary = re.findall(r"=+ (.*(?:passed|failed).*) in [\d.]+s", output)[-1]
+    print(summary)
+    passed = int(re.search(r"(\d+) passed", summary).group(1))
+    assert passed >= 130 and "failed" not in summary and "error" not in summary, summary
+
+
 @pytest.mark.parametrize("variant", ["triton", "cpp"])
 def test_rendered_project_lints_and_passes_its_tests(variant, tmp_path):
     project = render(tmp_path, variant=variant, package_name="acme_ops")
     output = nox(project, "lint", "tests")
-    summary = re.findall(r"=+ (.*(?:passed|failed).*) in [\d.]+s", output)[-1]
-    print(f"{variant}: {summary}")
-    passed = int(re.search(r"(\d+) passed", summary).group(1))
-    assert passed >= 130 and "failed" not in summary and "error" not in summary, summary
+    assert_suite_passed(output)
     # What is skipped is the CUDA half of the suite, with its reason, and nothing else.
     reasons = set(re.findall(r"SKIPPED \[\d+\] [^:]+:\d+: (.*)", output))
     assert reasons <= {"CUDA is not available"}, reasons
@@ -107,10 +112,7 @@ def cpu_flags() -> set[str]:
 )
 def test_cpp_avx2_build_passes_its_tests(tmp_path):
     project = render(tmp_path, variant="cpp", package_name="acme_ops")
-    output = nox(project, "tests", env={**NOX_ENV, "BUILD_AVX2": "1"})
-    summary = re.findall(r"=+ (.*(?:passed|failed).*) in [\d.]+s", output)[-1]
-    passed = int(re.search(r"(\d+) passed", summary).group(1))
-    assert passed >= 130 and "failed" not in summary and "error" not in summary, summary
+    assert_suite_passed(nox(project, "tests", env={**NOX_ENV, "BUILD_AVX2": "1"}))
     assert "CPU_AVX2 = True" in (project / "src" / "acme_ops" / "_build_info.py").read_text()
     (library,) = project.rglob("acme_ops/_C*.so")
     if shutil.which("objdump"):  # the flags reached the compiler: 256-bit registers are used
