@@ -44,6 +44,8 @@ ONLY = {
         "csrc/cpu_common.h",
         "csrc/rms_norm.cpp",
         "csrc/fused_add_rms_norm.cpp",
+        "csrc/cpu/rms_norm.cpp",
+        "csrc/cpu/fused_add_rms_norm.cpp",
         "csrc/fused_add_rms_norm.h",
         "csrc/bindings.cpp",
         "csrc/cuda/common.cuh",
