@@ -18,7 +18,8 @@ takes longer to issue a call (Python, dispatch, kernel launches) than the GPU ta
 the host time is what is measured. --cuda-graphs times replays of each call captured in a CUDA
 graph instead, as in a model run with torch.compile(mode="reduce-overhead"): the kernels alone.
 Timings of one kernel move by a few tenths of a microsecond from one measurement to the next:
-to compare kernels within that, time them over several interleaved rounds (--rounds).
+to compare kernels within that, time them over several interleaved rounds (--rounds), which also
+prints this package's time minus the fastest other implementation's, paired round by round.
 """
 
 from __future__ import annotations
@@ -348,6 +349,35 @@ def throughput_table(rows) -> str:
     return "\n".join(lines)
 
 
+def paired_table(rows) -> str:
+    """Per shape and mode, this package's time minus the fastest other implementation's, round by
+    round. The rounds of a shape run in turns, so each round's difference is paired: their median,
+    and the rounds this package was ahead in, tell a gap of tenths of a microsecond from what moves
+    between measurements better than two medians do."""
+    lines = [f"{PACKAGE} minus the fastest other implementation, paired by round (us)"]
+    lines.append(f"{'M x N':>12} {'mode':<8} {'median':>9} {'ahead':>6}  {'against':<14} rounds")
+    for m, n in dict.fromkeys((r["M"], r["N"]) for r in rows):
+        for mode in MODES:
+            at = {
+                r["impl"]: r
+                for r in rows
+                if (r["M"], r["N"], r["mode"], r["status"]) == (m, n, mode, "ok")
+            }
+            mine = at.pop(PACKAGE, None)
+            if mine is None or not at:
+                continue
+            other = min(at.values(), key=lambda r: r["ms"])
+            diffs = [
+                (a - b) * 1e3 for a, b in zip(mine["rounds_ms"], other["rounds_ms"], strict=True)
+            ]
+            ahead = f"{sum(d < 0 for d in diffs)}/{len(diffs)}"
+            lines.append(
+                f"{f'{m}x{n}':>12} {mode:<8} {statistics.median(diffs):>+9.2f} {ahead:>6}  "
+                f"{other['impl']:<14} " + " ".join(f"{d:+.2f}" for d in diffs)
+            )
+    return "\n".join(lines)
+
+
 def decode_table(rows) -> str:
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     lines = [f"decode-size forward, us per call (latency / host time), N = {DECODE_N}"]
@@ -473,6 +503,8 @@ def main(argv=None) -> None:
         plot(rows, args.plot, title)
     print(title)
     print(throughput_table(rows))
+    if args.rounds > 1:
+        print(paired_table(rows))
     if decode:
         print(decode_table(decode))
 
