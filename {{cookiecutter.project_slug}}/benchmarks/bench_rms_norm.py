@@ -16,7 +16,8 @@ reported as WRONG, not timed.
 By default each call is timed as eager code runs it, host overhead included: where the host
 takes longer to issue a call (Python, dispatch, kernel launches) than the GPU takes to run it,
 the host time is what is measured. --cuda-graphs times replays of each call captured in a CUDA
-graph instead, as in a model run with torch.compile(mode="reduce-overhead"): the kernels alone.
+graph instead, as in a model run with torch.compile(mode="reduce-overhead"): the kernels alone,
+each implementation writing its outputs to the same addresses.
 Timings of one kernel move by a few tenths of a microsecond from one measurement to the next:
 to compare kernels within that, time them over several interleaved rounds (--rounds), which also
 prints this package's time minus the fastest other implementation's, paired round by round.
@@ -137,30 +138,29 @@ def timer(device: str):
     return _wall_clock_ms
 
 
-def graph_timer(time_ms):
-    """time_ms over replays of fn captured in a CUDA graph: its kernels without host overhead.
+def capture(calls: dict, pool) -> tuple[dict, dict]:
+    """Each of ``calls`` (mode: callable) captured in a CUDA graph: (mode: replay, mode: error).
 
-    Capture must not run on the default stream, and a backward runs on the stream of its
+    Every implementation of a shape captures into the one memory pool ``pool``, its outputs freed
+    before the next capture, so all of them write their outputs to the same addresses: at some
+    sizes a kernel's time depends on where its output lands by more than the gaps between the
+    kernels. Capture must not run on the default stream, and a backward runs on the stream of its
     forward: main() runs the whole benchmark on a side stream, which the graphs capture on.
     """
-
-    def timed(fn) -> float:
-        stream = torch.cuda.current_stream()
-        for _ in range(3):  # compiles, autotuning and allocator growth happen before capture
-            fn()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            fn()
+    replays, failed = {}, {}
+    for mode, call in calls.items():
         try:
-            return time_ms(graph.replay)
-        finally:
-            # Hand back the graph's memory pool before the next capture: without this the
-            # largest shapes run out of memory.
-            del graph
-            gc.collect()
-            torch.cuda.empty_cache()
-
-    return timed
+            for _ in range(3):  # compiles, autotuning and allocator growth happen before capture
+                call()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=torch.cuda.current_stream()):
+                call()
+        except RuntimeError as e:  # e.g. a call that cannot be captured in a CUDA graph
+            failed[mode] = str(e).splitlines()[0]
+        else:
+            # The replay keeps the graph, and the call's closure the tensors it reads.
+            replays[mode] = lambda graph=graph, call=call: graph.replay()
+    return replays, failed
 
 
 def _cuda_event_ms(fn, reps: int = 50) -> float:
@@ -221,10 +221,11 @@ def fits(m: int, n: int, dtype: torch.dtype, device: str, copies: int = 1) -> bo
     return need < 0.8 * free
 
 
-def bench_shape(m, n, dtype, device, spec, time_ms, copy_time_ms, rounds=1) -> list[dict]:
+def bench_shape(m, n, dtype, device, spec, time_ms, rounds=1, graphs=False) -> list[dict]:
     """Times every implementation and mode, and the copy, `rounds` times over, interleaved (each
     round in another order), so that clock and temperature drift spread over all of them; each
-    row reports the median over the rounds and keeps every round's time."""
+    row reports the median over the rounds and keeps every round's time. With `graphs`, each call
+    is captured once and its replays are timed."""
     inputs = spec["make_inputs"](m, n, dtype, device)
     x = inputs[0]
     grads = tuple(torch.randn_like(o) for o in as_tuple(spec["reference"](*inputs)))
@@ -236,15 +237,29 @@ def bench_shape(m, n, dtype, device, spec, time_ms, copy_time_ms, rounds=1) -> l
     def copy():
         return copy_dst.copy_(x)
 
-    times: dict[tuple[str, str], list[float]] = {}
+    calls: dict[str, dict] = {}
     failed: dict[tuple[str, str], str] = {}
+    pool = torch.cuda.graph_pool_handle() if graphs else None
+    for name, fn in impls.items():
+        if not problems[name]:
+            calls[name] = _calls(fn, inputs, grads)
+            if graphs:
+                calls[name], errors = capture(calls[name], pool)
+                failed.update(((name, mode), e) for mode, e in errors.items())
+    times: dict[tuple[str, str], list[float]] = {}
     order = ["copy", *impls]
     for r in range(rounds):
         for name in order[r % len(order) :] + order[: r % len(order)]:
             if name == "copy":
-                times.setdefault(("copy", "copy"), []).append(copy_time_ms(copy))
-            elif not problems[name]:
-                _time_impl(impls[name], name, inputs, grads, time_ms, times, failed)
+                # Always timed eagerly: captured, it becomes a DMA memcpy node, slower than the
+                # copy kernel the same call launches eagerly.
+                times.setdefault(("copy", "copy"), []).append(time_ms(copy))
+                continue
+            for mode, call in calls.get(name, {}).items():
+                try:
+                    times.setdefault((name, mode), []).append(time_ms(call))
+                except RuntimeError as e:
+                    failed[(name, mode)] = str(e).splitlines()[0]
     copy_times = times[("copy", "copy")]
     copy_ms = statistics.median(copy_times)
     copy_gbps = 2 * element_bytes / copy_ms / 1e6
@@ -266,22 +281,16 @@ def bench_shape(m, n, dtype, device, spec, time_ms, copy_time_ms, rounds=1) -> l
     return rows
 
 
-def _time_impl(fn, name, inputs, grads, time_ms, times, failed) -> None:
-    """One round of an implementation: each mode timed once, into times[(name, mode)]."""
+def _calls(fn, inputs, grads) -> dict:
+    """The call that each mode times: the forward, the backward of one forward (replayed with
+    retain_graph=True), and both."""
     leaves = [t.detach().requires_grad_() for t in inputs]
     outs = as_tuple(fn(*leaves))
-    runs = {
+    return {
         "fwd": lambda: fn(*inputs),
         "bwd": lambda: torch.autograd.grad(outs, leaves, grads, retain_graph=True),
         "fwd+bwd": lambda: torch.autograd.grad(as_tuple(fn(*leaves)), leaves, grads),
     }
-    for mode in MODES:
-        if (name, mode) in failed:
-            continue
-        try:
-            times.setdefault((name, mode), []).append(time_ms(runs[mode]))
-        except RuntimeError as e:  # e.g. a call that cannot be captured in a CUDA graph
-            failed[(name, mode)] = str(e).splitlines()[0]
 
 
 def decode_latency(dtype, spec) -> list[dict]:
@@ -474,18 +483,18 @@ def main(argv=None) -> None:
         if unknown:
             parser.error(f"--impls: unknown {sorted(unknown)}; choose from {list(spec['impls'])}")
         spec["impls"] = {k: v for k, v in spec["impls"].items() if k in args.impls}
-    # The copy is always timed eagerly: captured, it becomes a DMA memcpy node, slower than the
-    # copy kernel the same call launches eagerly.
-    eager_ms = timer(device)
-    time_ms = graph_timer(eager_ms) if args.cuda_graphs else eager_ms
+    time_ms = timer(device)
     rows = []
     side_stream = torch.cuda.Stream() if args.cuda_graphs else None
     for m, n in progress(kept, "shapes"):
         with torch.cuda.stream(side_stream):  # no-op for None
             try:
-                rows += bench_shape(m, n, dtype, device, spec, time_ms, eager_ms, args.rounds)
+                rows += bench_shape(
+                    m, n, dtype, device, spec, time_ms, args.rounds, graphs=args.cuda_graphs
+                )
             except torch.OutOfMemoryError:  # fits() is an estimate: keep the shapes measured
                 print(f"note: {m}x{n} skipped: out of device memory", file=sys.stderr)
+        gc.collect()  # the shape's graphs and tensors, before the next shape allocates
         if device == "cuda":
             torch.cuda.empty_cache()
     # Decode latency is an eager, host-timed measurement: not part of a CUDA-graph run.

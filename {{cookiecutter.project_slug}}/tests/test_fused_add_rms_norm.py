@@ -72,6 +72,10 @@ def check_forward(device, shape, dtypes, weight):
     # The same as the unfused composition it replaces.
     y_unfused = rms_norm(x + r, w).to(x.dtype)
     torch.testing.assert_close(y, y_unfused, atol=tol, rtol=tol)
+    # The call above needed no gradient and ran the forward without rstd; the one with rstd
+    # writes the same outputs.
+    y_fwd, h_fwd, _ = OPS.fused_add_rms_norm_fwd(x, r, w, 1e-6)
+    assert torch.equal(y, y_fwd) and torch.equal(h, h_fwd)
 
 
 def check_backward(device, shape, dtypes):
@@ -161,6 +165,14 @@ CASES = range(len(list(sample_inputs("cpu"))))
 @pytest.mark.parametrize("case", CASES)
 def test_opcheck_fwd(device, case):
     opcheck(OPS.fused_add_rms_norm_fwd.default, list(sample_inputs(device))[case])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_opcheck_fwd_without_rstd(device, case):
+    # The forward for calls that need no gradient: its inputs do not require grad.
+    args = list(sample_inputs(device))[case]
+    args = [t.detach() if isinstance(t, torch.Tensor) else t for t in args]
+    opcheck(OPS.fused_add_rms_norm.default, args)
 
 
 @pytest.mark.parametrize("case", CASES)

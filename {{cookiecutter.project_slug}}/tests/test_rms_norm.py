@@ -91,6 +91,8 @@ def check_forward(device, shape, dtype, weight):
     assert_close(y, ref64(x, w), dtype)
     expected_rstd = torch.rsqrt(x.double().square().mean(-1) + 1e-6)
     torch.testing.assert_close(rstd.double(), expected_rstd, atol=1e-5, rtol=1e-5)
+    # The forward without rstd (calls that need no gradient) writes the same y.
+    assert torch.equal(OPS.rms_norm(x, w, 1e-6), y)
     assert_close(rms_norm(x, w), ref64(x, w), dtype)
 
 
@@ -225,6 +227,13 @@ def test_opcheck_fwd(device, case):
 
 
 @pytest.mark.parametrize("case", CASES)
+def test_opcheck_fwd_without_rstd(device, case):
+    # The forward for calls that need no gradient: its inputs do not require grad.
+    x, w, eps = list(sample_inputs(device))[case]
+    opcheck(OPS.rms_norm.default, (x.detach(), None if w is None else w.detach(), eps))
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_opcheck_bwd(device, case):
     x, w, eps = list(sample_inputs(device))[case]
     x = x.detach()
@@ -269,6 +278,31 @@ def test_module_has_no_graph_breaks(device):
     norm = RMSNorm(64, device=device)
     explanation = torch._dynamo.explain(norm)(torch.randn(6, 64, device=device))
     assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+def test_forward_without_rstd_has_no_derivative(device):
+    # The op ops.rms_norm calls when no gradient is needed: a backward through it raises.
+    x = torch.randn(3, 64, device=device, requires_grad=True)
+    with pytest.raises(RuntimeError, match=f"derivative for {OPS.name}::rms_norm is not impl"):
+        OPS.rms_norm(x, None, 1e-6).sum().backward()
+
+
+def test_compile_without_grad_stores_no_rstd(device):
+    """Compiled for inference, the graph calls the forward that returns no rstd."""
+    graphs = []
+
+    def compiler(gm, _example_inputs):
+        graphs.append(gm.code)
+        return make_boxed_func(gm.forward)
+
+    x = torch.randn(6, 64, device=device)
+    w = torch.randn(64, device=device)
+    compiled = torch.compile(rms_norm, backend=aot_autograd(fw_compiler=compiler), fullgraph=True)
+    with torch.no_grad():
+        y = compiled(x, w)
+    assert_close(y, ref64(x, w), torch.float32)
+    assert "{{ cookiecutter.package_name }}.rms_norm.default" in graphs[0]
+    assert "rms_norm_fwd" not in graphs[0]
 
 
 def test_compile_traces_both_ops(device):

@@ -26,6 +26,12 @@ def _rms_norm_fwd_fake(x, weight, eps):
     return y, rstd
 
 
+@torch.library.register_fake("{{ cookiecutter.package_name }}::rms_norm")
+def _rms_norm_fake(x, weight, eps):
+    check_inputs(x, weight)
+    return x.new_empty(x.shape)
+
+
 @torch.library.register_fake("{{ cookiecutter.package_name }}::rms_norm_bwd")
 def _rms_norm_bwd_fake(grad_y, x, rstd, weight):
     check_bwd_inputs(grad_y, x, rstd, weight)
@@ -40,6 +46,12 @@ def _fused_add_rms_norm_fwd_fake(x, residual, weight, eps):
     new_residual = residual.new_empty(x.shape)
     rstd = x.new_empty(x.shape[:-1], dtype=compute_dtype(residual))
     return y, new_residual, rstd
+
+
+@torch.library.register_fake("{{ cookiecutter.package_name }}::fused_add_rms_norm")
+def _fused_add_rms_norm_fake(x, residual, weight, eps):
+    check_fused_inputs(x, residual, weight)
+    return x.new_empty(x.shape), residual.new_empty(x.shape)
 
 
 @torch.library.register_fake("{{ cookiecutter.package_name }}::fused_add_rms_norm_bwd")
