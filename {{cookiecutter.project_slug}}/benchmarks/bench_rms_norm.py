@@ -256,6 +256,8 @@ def bench_shape(m, n, dtype, device, spec, time_ms, rounds=1, graphs=False) -> l
                 times.setdefault(("copy", "copy"), []).append(time_ms(copy))
                 continue
             for mode, call in calls.get(name, {}).items():
+                if (name, mode) in failed:
+                    continue
                 try:
                     times.setdefault((name, mode), []).append(time_ms(call))
                 except RuntimeError as e:

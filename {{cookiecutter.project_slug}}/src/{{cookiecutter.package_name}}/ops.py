@@ -121,8 +121,8 @@ def _eager(name: str, *args):
 
 def _needs_grad(*tensors: torch.Tensor | None) -> bool:
     """Whether autograd records this call. If not, the forward without rstd runs: the rstd that
-    only the backward reads is neither computed nor stored (at N = 1024 its store is a few
-    percent of the kernel's time)."""
+    only the backward reads is neither computed nor stored (on an H100, at N = 1024, about 1%
+    of the forward's time)."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
