@@ -140,7 +140,7 @@ def test_very_wide_rows(device):
 )
 def test_large_input(dtype, n):
     # 512 MiB of x: from there on the kernels take every launch they have for large inputs (some
-    # from 128 or 256 MiB), here rows that take different launches.
+    # from 64, 128 or 256 MiB), here rows that take different launches.
     m = (512 << 20) // (n * dtype.itemsize) + 3
     x = torch.randn(m, n, device="cuda", dtype=dtype)
     w = 1 + 0.1 * torch.randn(n, device="cuda", dtype=dtype)
