@@ -28,6 +28,7 @@ COMMON = {
     "tests/test_rms_norm.py",
     "tests/test_edge_cases.py",
     "tests/test_fused_add_rms_norm.py",
+    "tests/test_benchmark.py",
     "benchmarks/bench_rms_norm.py",
     "noxfile.py",
     "docs/adding_an_op.md",
