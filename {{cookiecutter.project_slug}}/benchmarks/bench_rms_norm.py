@@ -174,6 +174,7 @@ def _l2_reset():
         reset = reset.cuCtxResetPersistingL2Cache
     except (OSError, AttributeError):
         reset = None
+    torch.cuda.synchronize()  # it acts on the current CUDA context: this makes sure there is one
     if reset is None or reset() != 0:
         print("note: evict-last L2 lines cannot be reset here", file=sys.stderr)
         return lambda: None
