@@ -30,9 +30,11 @@ NOX_ENV = {
 CUDA_TORCH = os.environ.get("TEMPLATE_CUDA_TORCH")
 
 
-def nox(project, *sessions, env=NOX_ENV):
+def nox(project, *sessions, env=NOX_ENV, reuse=False, succeeds=True):
+    """Runs the sessions (in the environments a previous run left, with reuse) and asserts
+    whether they succeeded; returns their output."""
     result = subprocess.run(
-        [sys.executable, "-m", "nox", "--no-color", "-s", *sessions],
+        [sys.executable, "-m", "nox", "--no-color", *(["-r"] if reuse else []), "-s", *sessions],
         cwd=project,
         env=env,
         capture_output=True,
@@ -40,7 +42,7 @@ def nox(project, *sessions, env=NOX_ENV):
     )
     output = result.stdout + result.stderr
     print(output[-30000:])
-    assert result.returncode == 0, output[-8000:]
+    assert (result.returncode == 0) == succeeds, output[-8000:]
     return output
 
 
@@ -149,6 +151,30 @@ def test_cpp_cpu_kernels_for_any_cpu_pass_the_tests(tmp_path):
 )
 def test_cpp_cuda_build_without_a_gpu(tmp_path):
     project = render(tmp_path, variant="cpp", package_name="acme_ops")
-    env = {**NOX_ENV, "TORCH_SPEC": CUDA_TORCH, "TORCH_CUDA_ARCH_LIST": "9.0"}
+    # The rendered default architectures (sm_80 and sm_90), as the rendered CI builds them.
+    env = {**NOX_ENV, "TORCH_SPEC": CUDA_TORCH}
+    env.pop("TORCH_CUDA_ARCH_LIST", None)
     output = nox(project, "cuda_build", env=env)
     assert "CUDA kernels registered" in output
+    # The session also fails on register spills, which launch bounds can cause: add a kernel that
+    # spills (16 float4 a thread held in 32 registers) and rebuild.
+    (project / "csrc" / "cuda" / "spills.cu").write_text(SPILLING_KERNEL)
+    output = nox(project, "cuda_build", env=env, reuse=True, succeeds=False)
+    assert "Registers are spilled to local memory" in output
+
+
+SPILLING_KERNEL = """
+__global__ void __launch_bounds__(1024, 2) spills(const float4* x, float4* y, int n) {
+  float4 v[16];
+  float s = 0;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    v[i] = x[threadIdx.x + i * n];
+    s += v[i].x * v[i].y + v[i].z * v[i].w;
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    y[threadIdx.x + i * n] = make_float4(v[i].x * s, v[i].y * s, v[i].z * s, v[i].w * s);
+  }
+}
+"""

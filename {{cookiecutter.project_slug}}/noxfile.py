@@ -78,10 +78,16 @@ def cuda_build(session: nox.Session) -> None:
     """Compiles the CUDA kernels with no GPU needed and checks that the ops have CUDA kernels."""
     install_torch(session, CUDA_INDEX)
     session.env["REQUIRE_CUDA"] = "1"
+    # Launch bounds hold some kernels to a register budget (csrc/cuda/common.cuh): a kernel that
+    # then spills, or otherwise uses local memory, fails the build instead of running slowly.
+    session.env["NVCC_APPEND_FLAGS"] = " ".join(
+        [os.environ.get("NVCC_APPEND_FLAGS", ""), STRICT_PTXAS]
+    ).strip()
     install_project(session)
     session.run("python", "-c", CHECK_CUDA_KERNELS)
 
 
+STRICT_PTXAS = "-Xptxas=--warn-on-spills,--warn-on-local-memory-usage,--warning-as-error"
 CHECK_CUDA_KERNELS = """
 import torch
 import {{ cookiecutter.package_name }}._library as lib

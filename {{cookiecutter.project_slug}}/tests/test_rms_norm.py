@@ -24,6 +24,7 @@ GPU_SHAPES = [
     (8192, 1024),
     (4096, 1024),
     (20000, 2048),
+    (8192, 4096),
     (300, 8192),
     (2000, 127),
 ]
@@ -74,8 +75,9 @@ def test_backward(device, shape, dtype, weight):
 def test_few_and_many_rows(shape, dtype):
     """A GPU kernel may launch a few rows (decode sizes), many rows, a grid just over one wave
     of blocks (8192x1024), rows within a warp in one wave (4096x1024; 2000x127 with
-    single-element loads), short rows over several waves (20000x2048) and wide rows
-    (300x8192; with a 16-bit weight too) differently: all against float64."""
+    single-element loads), short rows over several waves (20000x2048), rows read twice
+    (8192x4096) and wide rows (300x8192; with a 16-bit weight too) differently: all against
+    float64."""
     check_forward("cuda", shape, dtype, "float32")
     check_forward("cuda", shape, dtype, "same")
     check_backward("cuda", shape, dtype, "same")
