@@ -13,19 +13,29 @@ if not torch.cuda.is_available():
 {%- endif %}
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+CUDA_SKIPPED = pytest.StashKey[int]()
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a GPU; skipped, with the reason, without one")
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="CUDA is not available")
-    for item in items:
-        if item.get_closest_marker("cuda"):
-            item.add_marker(skip)
+    skipped = [item for item in items if item.get_closest_marker("cuda")]
+    for item in skipped:
+        item.add_marker(skip)
+    config.stash[CUDA_SKIPPED] = len(skipped)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    # One line for the whole CUDA half of the suite, instead of a line per test.
+    if config.stash.get(CUDA_SKIPPED, 0):
+        terminalreporter.write_line(
+            f"{config.stash[CUDA_SKIPPED]} tests skipped: they need a GPU and CUDA is not available"
+        )
 
 
 @pytest.fixture(params=DEVICES)
@@ -43,19 +53,3 @@ def checked_device(request):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
-{%- if cookiecutter.variant == "triton" %}
-
-
-@pytest.fixture
-def compile_backend(device):
-    """torch.compile's backend for a test on ``device``: inductor, except on CPU, where it cannot
-    compile around a Triton kernel; aot_eager still traces both passes into graphs of the ops."""
-    return "aot_eager" if device == "cpu" else "inductor"
-{%- else %}
-
-
-@pytest.fixture
-def compile_backend():
-    """torch.compile's backend for the tests: the default, inductor, on every device."""
-    return "inductor"
-{%- endif %}

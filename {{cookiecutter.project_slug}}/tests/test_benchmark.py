@@ -1,9 +1,12 @@
-"""The benchmark's GPU timer, which its tables rest on."""
+"""The benchmark end to end on CPU, on small shapes (its CPU timings are a smoke test only)."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
+
+PACKAGE = "{{ cookiecutter.package_name }}"
 
 
 def load_benchmark():
@@ -14,10 +17,48 @@ def load_benchmark():
     return module
 
 
-@pytest.mark.cuda
-def test_timer_resets_evict_last_lines():
-    # Without the driver's reset, lines torch.compile's kernels keep in L2 survive the flush and
-    # the next call on the same tensor is timed partly from L2 (the no-op fallback returns None).
+def check_rows(rows, shapes, impls, modes, runs):
+    """A row per shape for the copy and per shape, implementation and mode, each measured or
+    saying why not."""
+    cells = {("copy", "copy")} | {(impl, mode) for impl in impls for mode in modes}
+    assert sorted((r["M"], r["N"], r["impl"], r["mode"]) for r in rows) == sorted(
+        (*shape, *cell) for shape in shapes for cell in cells
+    )
+    for r in rows:
+        assert r["status"] in ("ok", "noisy"), r
+        assert r["ms"] > 0 and r["gbps"] > 0 and len(r["times_ms"]) == runs, r
+        copy = next(c for c in rows if (c["M"], c["N"], c["impl"]) == (r["M"], r["N"], "copy"))
+        has_fraction = r["status"] == copy["status"] == "ok"
+        assert (r["fraction_of_copy"] is not None) == has_fraction, r
+
+
+@pytest.mark.parametrize(
+    ("op", "shapes"), [("rms_norm", [(64, 256), (3, 100)]), ("fused_add_rms_norm", [(3, 100)])]
+)
+def test_benchmark_runs_on_cpu(op, shapes, tmp_path, capsys):
     bench = load_benchmark()
-    assert bench._l2_reset()() == 0
-    assert bench.timer("cuda")(lambda: None) >= 0
+    out = tmp_path / "rows.json"
+    grid = ",".join(f"{m}x{n}" for m, n in shapes)
+    plot = tmp_path / "bench.png"
+    args = ["--device", "cpu", "--op", op, "--shapes", grid, "--runs", "2", "--json", str(out)]
+    rows = bench.main([*args, "--plot", str(plot)])
+    assert json.loads(out.read_text())["rows"] == rows
+    assert plot.stat().st_size > 10_000
+    impls = [PACKAGE, "F.rms_norm", "compile(ref)"]  # Liger runs on CUDA only
+    check_rows(rows, shapes, impls, ["fwd", "fwd+bwd"], runs=2)
+    printed = capsys.readouterr().out
+    assert printed.count("CPU timings are for smoke-testing") == 1
+    assert all(f"{m}x{n} fwd+bwd" in printed for m, n in shapes)
+
+
+def test_benchmark_decode_table_on_cpu(monkeypatch, capsys):
+    bench = load_benchmark()
+    monkeypatch.setattr(bench, "DECODE", [(1, 128), (8, 128)])
+    rows = bench.main(["--device", "cpu", "--decode", "--runs", "1", "--impls", PACKAGE])
+    check_rows(rows, [(1, 128), (8, 128)], [PACKAGE], ["fwd", "fwd+bwd"], runs=1)
+    assert "us  /copy" in capsys.readouterr().out
+
+
+def test_benchmark_refuses_unknown_implementations():
+    with pytest.raises(SystemExit):
+        load_benchmark().main(["--device", "cpu", "--impls", "no_such_impl"])

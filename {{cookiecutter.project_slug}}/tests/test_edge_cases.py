@@ -5,7 +5,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from {{ cookiecutter.package_name }} import RMSNorm, reference, rms_norm
+from {{ cookiecutter.package_name }} import RMSNorm, rms_norm
+from {{ cookiecutter.package_name }}.rms_norm import rms_norm_reference
 
 F32 = torch.float32
 
@@ -120,8 +121,8 @@ def test_very_wide_rows(device):
     y.backward(dy)
     x64 = x.detach().double().requires_grad_()
     w64 = w.detach().double().requires_grad_()
-    reference.rms_norm(x64, w64).backward(dy.double())
-    torch.testing.assert_close(y.double(), reference.rms_norm(x64, w64), atol=2e-2, rtol=2e-2)
+    rms_norm_reference(x64, w64).backward(dy.double())
+    torch.testing.assert_close(y.double(), rms_norm_reference(x64, w64), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(x.grad.double(), x64.grad, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(w.grad.double(), w64.grad, atol=1e-3, rtol=1e-3)
 
@@ -147,7 +148,7 @@ def test_large_input(dtype, n):
     y = rms_norm(x, w)
     tol = {torch.bfloat16: 2e-2, torch.float16: 2e-3, torch.float32: 1e-5}[dtype]
     for i in range(0, m, 2048):  # in float64 a slice at a time, <= 256 MiB each
-        want = reference.rms_norm(x[i : i + 2048].double(), w.double())
+        want = rms_norm_reference(x[i : i + 2048].double(), w.double())
         torch.testing.assert_close(y[i : i + 2048].double(), want, atol=tol, rtol=tol)
 
 
@@ -170,7 +171,7 @@ def test_more_rows_than_int32_can_index():
     for start in range(0, m, 1 << 27):
         rows = slice(start, start + (1 << 27))
         x64 = x[rows].detach().double().requires_grad_()
-        want = reference.rms_norm(x64, w64, eps)
+        want = rms_norm_reference(x64, w64, eps)
         dx64, dw64 = torch.autograd.grad(want, (x64, w64), dy[rows].double())
         want_dw += dw64
         if start == 0 or start + (1 << 27) >= (1 << 31):  # the first rows and those past 2**31
@@ -186,11 +187,8 @@ def fwd_bwd(x, w, dy):
     return y, x.grad, w.grad
 
 
-@pytest.mark.filterwarnings("ignore:.*jit.trace:DeprecationWarning")
-@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 def test_ops_stay_visible_to_what_watches_dispatched_ops(device):
-    # A plain eager call takes a shortcut past torch.ops (ops.py's _plain_call); modes, a
-    # __torch_function__ subclass, vmap, jit.trace and the profiler must still see the ops.
+    # Modes, a __torch_function__ subclass, vmap and the profiler see the ops as ops.
     x = torch.randn(3, 4, 64, device=device, requires_grad=True)
     w = torch.randn(64, device=device, requires_grad=True)
     fwd, bwd = (f"{{ cookiecutter.package_name }}.rms_norm_{p}" for p in ("fwd", "bwd"))
@@ -212,7 +210,7 @@ def test_ops_stay_visible_to_what_watches_dispatched_ops(device):
     seen.clear()
     with RecordFunctions():
         rms_norm(x, w)
-    assert f"{fwd}.default" in seen
+    assert fwd in seen
 
     with torch.profiler.profile() as prof:
         rms_norm(x, w).sum().backward()
@@ -233,14 +231,11 @@ def test_ops_stay_visible_to_what_watches_dispatched_ops(device):
     seen.clear()
     with torch.no_grad():
         rms_norm(x.as_subclass(Logged), w)
-    assert f"{no_rstd}.default" in seen
+    assert no_rstd in seen
 
     with torch.no_grad():
         batched = torch.vmap(rms_norm, in_dims=(0, None))(x, w)
         assert torch.equal(batched, torch.stack([rms_norm(row, w) for row in x]))
-        w_const = w.detach()
-        traced = torch.jit.trace(lambda t: rms_norm(t, w_const), (x.detach(),))
-    assert no_rstd.replace(".", "::") + "(" in str(traced.graph)
 
 
 @pytest.mark.cuda

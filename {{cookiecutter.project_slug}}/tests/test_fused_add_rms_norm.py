@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from {{ cookiecutter.package_name }} import fused_add_rms_norm, reference, rms_norm
+from {{ cookiecutter.package_name }} import fused_add_rms_norm, rms_norm
+from {{ cookiecutter.package_name }}.fused_add_rms_norm import fused_add_rms_norm_reference
 
 OPS = torch.ops.{{ cookiecutter.package_name }}
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -34,7 +35,7 @@ def inputs(shape, dtypes, device, weight=True, requires_grad=False):
 
 
 def ref64(x, r, w):
-    return reference.fused_add_rms_norm(x.double(), r.double(), None if w is None else w.double())
+    return fused_add_rms_norm_reference(x.double(), r.double(), None if w is None else w.double())
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -85,7 +86,7 @@ def check_backward(device, shape, dtypes):
     torch.autograd.backward((y, h), (dy, dh))
 
     x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, r, w))
-    y64, h64 = reference.fused_add_rms_norm(x64, r64, w64)
+    y64, h64 = fused_add_rms_norm_reference(x64, r64, w64)
     torch.autograd.backward((y64, h64), (dy.double(), dh.double()))
     tol = loose(*dtypes)
     assert x.grad.dtype == x.dtype and r.grad.dtype == r.dtype and w.grad.dtype == w.dtype
@@ -103,7 +104,7 @@ def test_backward_through_one_output(device, used):
     x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, r, w))
     pick = 0 if used == "y" else 1
     fused_add_rms_norm(x, r, w)[pick].square().sum().backward()
-    reference.fused_add_rms_norm(x64, r64, w64)[pick].square().sum().backward()
+    fused_add_rms_norm_reference(x64, r64, w64)[pick].square().sum().backward()
     for got, want in ((x.grad, x64.grad), (r.grad, r64.grad)):
         torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-5)
     if used == "y":
@@ -124,29 +125,9 @@ def test_second_derivative_is_a_clear_error(device):
     x, r, w = inputs((3, 17), (torch.float64, torch.float64), device, requires_grad=True)
     y, h = fused_add_rms_norm(x, r, w)
     (dx,) = torch.autograd.grad(y.square().sum() + h.sum(), x, create_graph=True)
-    match = f"derivative for {OPS.name}::fused_add_rms_norm_bwd is not implemented"
+    match = f"{OPS.name}::fused_add_rms_norm_bwd has no derivative"
     with pytest.raises(RuntimeError, match=match):
         dx.square().sum().backward()
-
-
-@pytest.mark.parametrize("used", ["y", "new_residual", "both"])
-def test_registered_autograd_matches_the_api(device, used):
-    # As in test_rms_norm: torch.ops runs the registered formula, the API the same one directly.
-    x, r, w = inputs((9, 300), (torch.bfloat16, torch.float32), device, requires_grad=True)
-    pick = {"y": [0], "new_residual": [1], "both": [0, 1]}[used]
-    seeds = (torch.randn_like(x), torch.randn_like(r))
-
-    def grads(outputs):
-        used_outputs = [outputs[i] for i in pick]
-        seed = [seeds[i] for i in pick]
-        return torch.autograd.grad(used_outputs, (x, r, w), seed, allow_unused=True)
-
-    via_api = grads(fused_add_rms_norm(x, r, w, 1e-6))
-    via_op = grads(OPS.fused_add_rms_norm_fwd(x, r, w, 1e-6))
-    for a, b in zip(via_api, via_op, strict=True):
-        assert (a is None) == (b is None)
-        if a is not None:
-            torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def sample_inputs(device):
@@ -191,8 +172,8 @@ def block(x, residual, w):
     return (y * 2.0).sum() + h.square().sum()
 
 
-def test_compile_fullgraph_dynamic_no_graph_breaks(device, compile_backend):
-    compiled = torch.compile(block, backend=compile_backend, fullgraph=True, dynamic=True)
+def test_compile_fullgraph_dynamic_no_graph_breaks(device):
+    compiled = torch.compile(block, fullgraph=True, dynamic=True)
     for shape in [(4, 64), (7, 96)]:
         x, r, w = inputs(shape, (torch.float32, torch.float32), device, requires_grad=True)
         compiled(x, r, w).backward()

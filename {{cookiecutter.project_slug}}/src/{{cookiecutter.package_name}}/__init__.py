@@ -1,6 +1,10 @@
-"""RMSNorm as a custom PyTorch operator: fused kernels that compose with torch.compile."""
-
+"""Custom PyTorch operators that compose with torch.compile: RMSNorm and a fused residual-add
+RMSNorm, forward and backward. Each op is a module of its own; a new op is one more import here."""
+{% if cookiecutter.variant == 'cpp' %}
+from ._extension import cuda_built  # noqa: I001  (first: loads the compiled ops)
+{%- endif %}
+from .fused_add_rms_norm import fused_add_rms_norm
 from .nn import RMSNorm
-from .ops import fused_add_rms_norm, rms_norm
+from .rms_norm import rms_norm
 
-__all__ = ["RMSNorm", "fused_add_rms_norm", "rms_norm"]
+__all__ = [{% if cookiecutter.variant == 'cpp' %}"cuda_built", {% endif %}"RMSNorm", "fused_add_rms_norm", "rms_norm"]

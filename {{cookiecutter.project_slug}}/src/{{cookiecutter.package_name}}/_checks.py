@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from .reference import compute_dtype
-
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the math runs in for ``x``: float64 for float64, else float32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def _check_dtype(name: str, dtype: torch.dtype) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .ops import rms_norm
-from .reference import compute_dtype
+from ._checks import compute_dtype
+from .rms_norm import rms_norm
 
 
 class RMSNorm(torch.nn.Module):
