@@ -1,5 +1,7 @@
 """Fast checks of the rendered output: files, leftover Jinja, lint, hook refusals, odd answers."""
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -238,3 +240,79 @@ def test_markdown_links_resolve(project):
         for target in re.findall(r"\]\(([^)#]+)\)", doc.read_text()):
             if not target.startswith(("http://", "https://")):
                 assert (doc.parent / target).exists(), f"{doc.name}: dead link {target}"
+
+
+# Runs the rendered setup.py up to the call of setup() and prints the extension it would build.
+# FAKE_CUDA makes the CPU build of torch here pass for a CUDA build, so no compiler runs.
+SETUP_PROBE = """
+import json, os, runpy, sys
+import setuptools, torch
+if os.environ.get("FAKE_CUDA"):
+    torch.version.cuda = "13.0"
+    torch.cuda._is_compiled = lambda: True
+    torch.cuda.is_available = lambda: False
+captured = {}
+setuptools.setup = lambda **kwargs: captured.update(kwargs)
+runpy.run_path("setup.py", run_name="__main__")
+(ext,) = captured["ext_modules"]
+args = ext.extra_compile_args
+args = args if isinstance(args, dict) else {"cxx": args}
+print(json.dumps({"sources": ext.sources, "args": args}))
+"""
+
+
+def fake_toolkit(tmp_path: Path) -> Path:
+    """A stand-in CUDA toolkit, reached through an nvcc wrapper script (as on many systems);
+    returns the folder of the wrapper."""
+    toolkit, wrapper = tmp_path / "cuda-13.0", tmp_path / "wrapper"
+    for folder in (toolkit / "include", toolkit / "bin", wrapper):
+        folder.mkdir(parents=True)
+    (toolkit / "include" / "cuda_runtime.h").touch()
+    (toolkit / "bin" / "nvcc").touch(mode=0o755)
+    (wrapper / "nvcc").write_text(f'#!/bin/sh\nexec {toolkit}/bin/nvcc "$@"\n')
+    (wrapper / "nvcc").chmod(0o755)
+    return wrapper
+
+
+def probe_setup(project: Path, wrapper: Path, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
+    base["PATH"] = f"{wrapper}{os.pathsep}{base['PATH']}"
+    return subprocess.run(
+        [sys.executable, "-c", SETUP_PROBE],
+        cwd=project,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+    )
+
+
+def built(result: subprocess.CompletedProcess) -> dict:
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_cpp_build_knobs(tmp_path):
+    project = render(tmp_path, variant="cpp")
+    wrapper = fake_toolkit(tmp_path)
+    cpu = built(probe_setup(project, wrapper))
+    assert not any(s.endswith(".cu") for s in cpu["sources"]) and "nvcc" not in cpu["args"]
+    assert "-O3" in cpu["args"]["cxx"] and "-g" not in cpu["args"]["cxx"]
+    debug = built(probe_setup(project, wrapper, DEBUG="1"))["args"]["cxx"]
+    assert {"-O0", "-g", "-UNDEBUG"} <= set(debug) and "-O3" not in debug
+
+    # A CUDA build of torch: the toolkit is found behind the nvcc wrapper script on PATH.
+    cuda = probe_setup(project, wrapper, FAKE_CUDA="1")
+    assert f"CUDA_HOME={tmp_path / 'cuda-13.0'}" in cuda.stdout, cuda.stdout
+    cuda = built(cuda)
+    assert "csrc/cuda/rms_norm.cu" in cuda["sources"] and "-O3" in cuda["args"]["nvcc"]
+    nvcc = built(probe_setup(project, wrapper, FAKE_CUDA="1", DEBUG="1"))["args"]["nvcc"]
+    assert {"-O0", "-lineinfo"} <= set(nvcc) and "-G" not in nvcc
+    assert "-G" in built(probe_setup(project, wrapper, FAKE_CUDA="1", DEBUG="2"))["args"]["nvcc"]
+    off = built(probe_setup(project, wrapper, FAKE_CUDA="1", USE_CUDA="0"))
+    assert not any(s.endswith(".cu") for s in off["sources"])
+
+    # A CUDA build of torch and a toolkit without its headers: an error that says so, never a
+    # silent CPU-only build.
+    (tmp_path / "cuda-13.0" / "include" / "cuda_runtime.h").unlink()
+    failed = probe_setup(project, wrapper, FAKE_CUDA="1")
+    assert failed.returncode != 0 and "has no include/cuda_runtime.h" in failed.stderr
