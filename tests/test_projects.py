@@ -103,10 +103,10 @@ def test_rendered_project_with_an_added_op_lints_and_passes_its_tests(variant, t
     lint, then a fresh environment with the documented install, and its test suite."""
     project = render(tmp_path, variant=variant, package_name="acme_ops")
     add_gemma_norm(project, variant)
-    output = nox(project, "lint", "tests")
+    output = nox(project, "lint", "tests", "--", "-rfEp")  # -rfEp: a line per passed test too
     assert_suite_passed(output)
     # The new op's tests ran and passed: values, gradients, opcheck, torch.compile.
-    ran = re.findall(r"^tests/test_my_norm\.py::(\S+) PASSED", output, re.M)
+    ran = re.findall(r"^PASSED tests/test_my_norm\.py::(\S+)", output, re.M)
     for name in (
         "test_gradcheck",
         "test_opcheck_fwd",
