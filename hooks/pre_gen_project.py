@@ -48,9 +48,12 @@ def main():
     errors = []
     why = package_name_error(PACKAGE_NAME)
     if why:
+        # package_name defaults to project_slug with '-' as '_': name the answer it came from.
+        derived = PACKAGE_NAME == PROJECT_SLUG.replace("-", "_")
+        source = f" (derived from project_slug {PROJECT_SLUG!r})" if derived else ""
         errors.append(
-            f"package_name {PACKAGE_NAME!r} {why}. It is the import name and the torch.library "
-            "namespace: use a lowercase Python identifier such as 'my_ops'."
+            f"package_name {PACKAGE_NAME!r}{source} {why}. It is the import name and the "
+            "torch.library namespace: use a lowercase Python identifier such as 'my_ops'."
         )
     if not re.fullmatch(r"[a-z0-9]([a-z0-9._-]*[a-z0-9])?", PROJECT_SLUG):
         errors.append(

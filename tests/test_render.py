@@ -165,6 +165,20 @@ def test_hook_refuses_bad_package_name(tmp_path, capfd, name):
     assert not any(tmp_path.iterdir()), "a refused render must leave no files"
 
 
+def test_hook_names_the_answer_a_bad_package_name_came_from(tmp_path, capfd):
+    with pytest.raises(FailedHookException):
+        render(tmp_path, project_slug="My-Ops")
+    err = capfd.readouterr().err
+    assert "package_name 'My_Ops' (derived from project_slug 'My-Ops')" in err
+
+
+def test_post_generation_hook_prints_the_next_commands(tmp_path, capfd):
+    render(tmp_path, variant="cpp")
+    out = capfd.readouterr().out
+    assert "cd my-torch-ops" in out and "pip install --no-build-isolation" in out
+    assert out.rstrip().endswith("pytest")
+
+
 @pytest.mark.parametrize("key,value", [("version", "one"), ("cuda_archs", "sm_90")])
 def test_hook_refuses_bad_answers(tmp_path, capfd, key, value):
     with pytest.raises(FailedHookException):
