@@ -46,8 +46,8 @@ DECODE = [(m, 4096) for m in (1, 8, 32, 256)]
 # (its residual in x's dtype here): fwd reads x and residual, writes y and h = x + residual; the
 # backward reads h, dy and dh (the gradient of h), writes dx and dresidual.
 UNITS = {
-    "rms_norm": dict(fwd=2, fwd_bwd=5),
-    "fused_add_rms_norm": dict(fwd=4, fwd_bwd=9),
+    "rms_norm": {"fwd": 2, "fwd+bwd": 5},
+    "fused_add_rms_norm": {"fwd": 4, "fwd+bwd": 9},
 }
 REFERENCES = {"rms_norm": rms_norm_reference, "fused_add_rms_norm": fused_add_rms_norm_reference}
 
@@ -199,7 +199,7 @@ def bench_shape(op, shape, dtype, device, impls, modes, timer, runs) -> list[dic
         if row["status"] == "ok":
             ts = row["times_ms"]
             row["ms"] = statistics.median(ts)
-            row["gbps"] = UNITS[op].get(mode.replace("+", "_"), 2) * unit_bytes / row["ms"] / 1e6
+            row["gbps"] = UNITS[op].get(mode, 2) * unit_bytes / row["ms"] / 1e6
             row["status"] = "noisy" if max(ts) > 2 * min(ts) else "ok"
             if name == "copy" and row["status"] == "ok":
                 copy_gbps = row["gbps"]
