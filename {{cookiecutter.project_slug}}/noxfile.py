@@ -1,6 +1,6 @@
 """Developer commands: the one list that CI, the README and the template's tests all call.
 
-    nox -s lint           ruff check and ruff format --check
+    nox -s lint           ruff check and ruff format --check{% if cookiecutter.variant == "cpp" %}, clang-format on csrc/{% endif %}
     nox -s tests          install with the documented command into a fresh env, run pytest
     nox -s benchmark      the benchmark (options after --)
     nox -s build          sdist and wheel into dist/
@@ -13,6 +13,8 @@ PyTorch's CPU wheel index; set it empty to use your pip configuration).
 """
 
 import os
+import re
+from pathlib import Path
 
 import nox
 
@@ -38,11 +40,26 @@ def install_project(session: nox.Session) -> None:
     session.install("--no-build-isolation", "-e", ".[test]")
 
 
+def pinned(session: nox.Session, repo: str) -> str:
+    """The version .pre-commit-config.yaml pins for a hook repository: pre-commit and lint agree."""
+    config = Path(".pre-commit-config.yaml").read_text()
+    match = re.search(rf"/{repo}\n\s+rev: v(\S+)", config)
+    if not match:
+        session.error(f"no 'rev: v...' for {repo} in .pre-commit-config.yaml")
+    return match.group(1)
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff")
+    session.install(f"ruff=={pinned(session, 'ruff-pre-commit')}")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+{%- if cookiecutter.variant == "cpp" %}
+    session.install(f"clang-format=={pinned(session, 'mirrors-clang-format')}")
+    suffixes = {".cpp", ".h", ".cu", ".cuh"}
+    sources = sorted(str(p) for p in Path("csrc").rglob("*") if p.suffix in suffixes)
+    session.run("clang-format", "--dry-run", "-Werror", *sources)
+{%- endif %}
 
 
 @nox.session

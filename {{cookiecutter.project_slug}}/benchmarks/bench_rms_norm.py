@@ -5,6 +5,7 @@ each time is also given as a fraction of the copy's bandwidth, measured in the s
 
     python benchmarks/bench_rms_norm.py                          # CUDA if available, full grid
     python benchmarks/bench_rms_norm.py --op fused_add_rms_norm --shapes 32768x4096
+    python benchmarks/bench_rms_norm.py --op fused_add_rms_norm_ --cuda-graphs  # in place
     python benchmarks/bench_rms_norm.py --cuda-graphs --also other_ops --json bench.json
     python benchmarks/bench_rms_norm.py --decode                 # per-call time at decode sizes
     python benchmarks/bench_rms_norm.py --device cpu --quick --plot bench.png  # a smoke test
@@ -41,20 +42,42 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GRID = [(m, n) for m in (4096, 8192, 32768, 65536) for n in (1024, 2048, 4096, 8192, 16384)]
 QUICK = [(256, 1024), (1024, 4096)]
 DECODE = [(m, 4096) for m in (1, 8, 32, 256)]
-# Bytes each mode must move, in units of M*N elements (weight, rstd and dw are O(M) or O(N)).
-# rms_norm: fwd reads x, writes y; the backward reads x and dy, writes dx. fused_add_rms_norm
-# (its residual in x's dtype here): fwd reads x and residual, writes y and h = x + residual; the
-# backward reads h, dy and dh (the gradient of h), writes dx and dresidual.
+# Per op, its modes and the bytes each must move, in units of M*N elements (weight, rstd and dw
+# are O(M) or O(N)). rms_norm: fwd reads x, writes y; the backward reads x and dy, writes dx.
+# fused_add_rms_norm (its residual in x's dtype here): fwd reads x and residual, writes y and
+# h = x + residual; the backward reads h, dy and dh (the gradient of h), writes dx and dresidual.
+# fused_add_rms_norm_ moves what its forward does, writing over x and residual; no backward.
 UNITS = {
     "rms_norm": {"fwd": 2, "fwd+bwd": 5},
     "fused_add_rms_norm": {"fwd": 4, "fwd+bwd": 9},
+    "fused_add_rms_norm_": {"fwd": 4},
 }
-REFERENCES = {"rms_norm": rms_norm_reference, "fused_add_rms_norm": fused_add_rms_norm_reference}
+REFERENCES = {
+    "rms_norm": rms_norm_reference,
+    "fused_add_rms_norm": fused_add_rms_norm_reference,
+    "fused_add_rms_norm_": fused_add_rms_norm_reference,  # (y, h): what x and residual become
+}
 
 
 def add_then_rms_norm(x, residual, w):
     h = x + residual
     return F.rms_norm(h, h.shape[-1:], w, EPS), h
+
+
+def in_place(fn):
+    """fn(x, residual, w), which writes over x and residual, as a call that returns them."""
+
+    def call(x, residual, w):
+        fn(x, residual, w)
+        return x, residual
+
+    return call
+
+
+def reference_in_place(x, residual, w):
+    y, h = fused_add_rms_norm_reference(x, residual, w, EPS)
+    residual.copy_(h)
+    x.copy_(y)
 
 
 def implementations(op: str, device: str, also: list[str]) -> dict:
@@ -63,6 +86,15 @@ def implementations(op: str, device: str, also: list[str]) -> dict:
     for name in [PACKAGE, *also]:
         public = getattr(importlib.import_module(name), op)
         impls[name] = lambda *args, public=public: public(*args, EPS)
+    if op == "fused_add_rms_norm_":  # beside the out-of-place op; Liger has no in-place form
+        out_of_place = importlib.import_module(PACKAGE).fused_add_rms_norm
+        impls = {name: in_place(fn) for name, fn in impls.items()}
+        impls["out of place"] = lambda *args: out_of_place(*args, EPS)
+        if device != "cuda":  # pytorch/pytorch#196570
+            print("note: compile(ref) not measured: Inductor's CPU code fails", file=sys.stderr)
+        else:
+            impls["compile(ref)"] = in_place(torch.compile(reference_in_place, dynamic=False))
+        return impls
     if op == "rms_norm":
         impls["F.rms_norm"] = lambda x, w: F.rms_norm(x, x.shape[-1:], w, EPS)
     else:
@@ -85,12 +117,13 @@ def implementations(op: str, device: str, also: list[str]) -> dict:
 
 
 def make_inputs(op, m, n, dtype, device):
-    """(inputs, gradients of the outputs) of one shape."""
+    """(inputs, gradients of the outputs, or None for an op without backward) of one shape."""
     x = torch.randn(m, n, dtype=dtype, device=device)
     w = 1 + 0.1 * torch.randn(n, dtype=dtype, device=device)
     if op == "rms_norm":
         return (x, w), (torch.randn_like(x),)
-    return (x, torch.randn_like(x), w), (torch.randn_like(x), torch.randn_like(x))
+    grads = (torch.randn_like(x), torch.randn_like(x)) if "fwd+bwd" in UNITS[op] else None
+    return (x, torch.randn_like(x), w), grads
 
 
 def forward(fn, leaves) -> tuple:
@@ -99,6 +132,8 @@ def forward(fn, leaves) -> tuple:
 
 
 def outputs_and_grads(fn, inputs, grads) -> list[torch.Tensor]:
+    if grads is None:  # no backward; an in-place op writes over these copies
+        return list(forward(fn, [t.clone() for t in inputs]))
     leaves = [t.detach().requires_grad_() for t in inputs]
     outs = forward(fn, leaves)
     return [*outs, *torch.autograd.grad(outs, leaves, grads)]
@@ -240,8 +275,10 @@ def plot(rows, path: str, title: str) -> None:
 
     shapes = list(dict.fromkeys((r["M"], r["N"]) for r in rows))
     impls = list(dict.fromkeys(r["impl"] for r in rows if r["impl"] != "copy"))
-    fig, axes = plt.subplots(1, 2, figsize=(max(10, 0.9 * len(shapes)), 4.5), sharey=True)
-    for ax, mode in zip(axes, ("fwd", "fwd+bwd"), strict=True):
+    modes = list(dict.fromkeys(r["mode"] for r in rows if r["impl"] != "copy"))
+    size = (max(5 * len(modes), 0.9 * len(shapes)), 4.5)
+    fig, axes = plt.subplots(1, len(modes), figsize=size, sharey=True, squeeze=False)
+    for ax, mode in zip(axes[0], modes, strict=True):
         for impl in impls:
             at = {(r["M"], r["N"]): r for r in rows if (r["impl"], r["mode"]) == (impl, mode)}
             ys = [at[s]["fraction_of_copy"] or float("nan") for s in shapes]
@@ -249,8 +286,8 @@ def plot(rows, path: str, title: str) -> None:
         ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
         ax.set(title=mode, xlabel="M x N")
         ax.set_xticks(range(len(shapes)), [f"{m}x{n}" for m, n in shapes], rotation=60)
-    axes[0].set(ylabel="fraction of copy bandwidth", ylim=(0, None))
-    axes[0].legend()
+    axes[0][0].set(ylabel="fraction of copy bandwidth", ylim=(0, None))
+    axes[0][0].legend()
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -291,7 +328,7 @@ def main(argv=None) -> list[dict]:
             parser.error(f"--impls: unknown {sorted(unknown)}; choose from {list(impls)}")
         impls = {name: fn for name, fn in impls.items() if name in args.impls}
     shapes = DECODE if args.decode else args.shapes or (QUICK if args.quick else GRID)
-    modes = ("fwd", "fwd+bwd")
+    modes = tuple(UNITS[args.op])
     timer, dtype = timers(device, args.cuda_graphs, args.decode), DTYPES[args.dtype]
     torch.manual_seed(0)
     rows = []

@@ -32,10 +32,18 @@ def check_rows(rows, shapes, impls, modes, runs):
         assert (r["fraction_of_copy"] is not None) == has_fraction, r
 
 
-@pytest.mark.parametrize(
-    ("op", "shapes"), [("rms_norm", [(64, 256), (3, 100)]), ("fused_add_rms_norm", [(3, 100)])]
-)
-def test_benchmark_runs_on_cpu(op, shapes, tmp_path, capsys):
+# Per op: shapes, and the implementations and modes measured on CPU (Liger runs on CUDA only).
+PEERS, MODES = [PACKAGE, "F.rms_norm", "compile(ref)"], ["fwd", "fwd+bwd"]
+CASES = {
+    "rms_norm": ([(64, 256), (3, 100)], PEERS, MODES),
+    "fused_add_rms_norm": ([(3, 100)], PEERS, MODES),
+    "fused_add_rms_norm_": ([(3, 100)], [PACKAGE, "out of place"], ["fwd"]),
+}
+
+
+@pytest.mark.parametrize("op", CASES)
+def test_benchmark_runs_on_cpu(op, tmp_path, capsys):
+    shapes, impls, modes = CASES[op]
     bench = load_benchmark()
     out = tmp_path / "rows.json"
     grid = ",".join(f"{m}x{n}" for m, n in shapes)
@@ -44,11 +52,10 @@ def test_benchmark_runs_on_cpu(op, shapes, tmp_path, capsys):
     rows = bench.main([*args, "--plot", str(plot)])
     assert json.loads(out.read_text())["rows"] == rows
     assert plot.stat().st_size > 10_000
-    impls = [PACKAGE, "F.rms_norm", "compile(ref)"]  # Liger runs on CUDA only
-    check_rows(rows, shapes, impls, ["fwd", "fwd+bwd"], runs=2)
+    check_rows(rows, shapes, impls, modes, runs=2)
     printed = capsys.readouterr().out
     assert printed.count("CPU timings are for smoke-testing") == 1
-    assert all(f"{m}x{n} fwd+bwd" in printed for m, n in shapes)
+    assert all(f"{m}x{n} {modes[-1]}" in printed for m, n in shapes)
 
 
 def test_benchmark_decode_table_on_cpu(monkeypatch, capsys):

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }} import fused_add_rms_norm, rms_norm
+from {{ cookiecutter.package_name }} import fused_add_rms_norm, fused_add_rms_norm_, rms_norm
 from {{ cookiecutter.package_name }}.fused_add_rms_norm import fused_add_rms_norm_reference
 from {{ cookiecutter.package_name }}.rms_norm import rms_norm_reference
 
@@ -62,6 +62,12 @@ def check_size(n: int) -> None:
             close(r.grad, r64.grad, dtype)
             if w is not None:
                 close(w.grad, w64.grad, dtype, rows=8)
+
+            with torch.no_grad():  # the in-place form writes the same bits into its inputs
+                y, h = fused_add_rms_norm(x, r, w)
+                x_, r_ = x.clone(), r.clone()
+                fused_add_rms_norm_(x_, r_, w)
+                assert torch.equal(x_, y) and torch.equal(r_, h)
     torch.cuda.synchronize()
 
 

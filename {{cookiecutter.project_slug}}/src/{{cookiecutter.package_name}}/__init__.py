@@ -3,6 +3,6 @@ RMSNorm, forward and backward. Each op is a module of its own; a new op is one m
 {% if cookiecutter.variant == 'cpp' %}
 from ._extension import cuda_built  # first: loads the compiled ops
 {%- endif %}
-from .fused_add_rms_norm import fused_add_rms_norm
+from .fused_add_rms_norm import fused_add_rms_norm, fused_add_rms_norm_
 from .nn import RMSNorm
 from .rms_norm import rms_norm

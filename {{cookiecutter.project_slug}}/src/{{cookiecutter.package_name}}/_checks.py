@@ -133,3 +133,24 @@ def check_fused_bwd_inputs(
             "grad_new_residual", grad_new_residual, new_residual.dtype, "new_residual"
         )
     _check_rstd(rstd, "new_residual", new_residual)
+
+
+def check_in_place_inputs(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None
+) -> None:
+    """Checks the arguments of fused_add_rms_norm_, which writes its results into x and
+    residual: as fused_add_rms_norm's, and both contiguous."""
+    check_fused_inputs(x, residual, weight)
+    for name, t in (("x", x), ("residual", residual)):
+        if not t.is_contiguous():
+            raise ValueError(
+                f"{name} must be contiguous, as fused_add_rms_norm_ writes its result into it"
+            )
+
+
+def check_no_overlap(x: torch.Tensor, residual: torch.Tensor) -> None:
+    """x and residual (contiguous) share no memory. Needs real data pointers: eager mode only."""
+    x0, r0 = x.data_ptr(), residual.data_ptr()
+    nbytes = x.numel() * x.element_size()
+    if x0 < r0 + residual.numel() * residual.element_size() and r0 < x0 + nbytes:
+        raise ValueError("x and residual must not overlap in memory")

@@ -6,7 +6,10 @@ for the next sublayer; one pass over memory does both. As for ``rms_norm``, thre
 - ``fused_add_rms_norm_fwd(x, residual, weight, eps) -> (y, new_residual, rstd)``;
 - ``fused_add_rms_norm_bwd(grad_y, grad_new_residual, new_residual, rstd, weight, x_dtype)
   -> (dx, dresidual, dw)``;
-- ``fused_add_rms_norm(x, residual, weight, eps) -> (y, new_residual)``, without rstd.
+- ``fused_add_rms_norm(x, residual, weight, eps) -> (y, new_residual)``, without rstd;
+
+and ``fused_add_rms_norm_(x, residual, weight, eps)``, which writes ``y`` into ``x`` and the new
+residual into ``residual``: the in-place form inference engines use, with no backward.
 {% if cookiecutter.variant == 'cpp' %}
 Schemas and CPU kernels: ``csrc/fused_add_rms_norm.cpp``; CUDA kernels:
 ``csrc/cuda/fused_add_rms_norm.cu``.
@@ -25,7 +28,14 @@ from torch.library import triton_op
 from . import fused_add_rms_norm_kernels as kernels
 {%- else %}
 {% endif %}
-from ._checks import as_eps, check_fused_bwd_inputs, check_fused_inputs, compute_dtype
+from ._checks import (
+    as_eps,
+    check_fused_bwd_inputs,
+    check_fused_inputs,
+    check_in_place_inputs,
+    check_no_overlap,
+    compute_dtype,
+)
 from .rms_norm import rms_norm_reference
 
 ops = torch.ops.{{ cookiecutter.package_name }}  # the operators this package defines
@@ -61,6 +71,11 @@ def _(x, residual, weight, eps):
     return x.new_empty(x.shape), residual.new_empty(x.shape)
 
 
+@torch.library.register_fake("{{ cookiecutter.package_name }}::fused_add_rms_norm_")
+def _(x, residual, weight, eps):
+    check_in_place_inputs(x, residual, weight)  # returns nothing: x and residual are its outputs
+
+
 @torch.library.register_fake("{{ cookiecutter.package_name }}::fused_add_rms_norm_bwd")
 def _(grad_y, grad_new_residual, new_residual, rstd, weight, x_dtype):
     check_fused_bwd_inputs(grad_y, grad_new_residual, new_residual, rstd, weight, x_dtype)
@@ -92,6 +107,23 @@ def _fused_add_rms_norm(
         return y, h
     y, h, _ = kernels.fused_add_rms_norm_fwd(x, residual, weight, eps, with_rstd=False)
     return y, h
+
+
+# mutates_args names the arguments the op writes into; the op returns nothing.
+@triton_op(
+    "{{ cookiecutter.package_name }}::fused_add_rms_norm_",
+    mutates_args=("x", "residual"),
+)
+def _fused_add_rms_norm_(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float
+) -> None:
+    check_in_place_inputs(x, residual, weight)
+    if x.device.type != "cuda":
+        y, h, _ = _fused_add_rms_norm_fwd(x, residual, weight, eps)
+        residual.copy_(h)
+        x.copy_(y)
+        return
+    kernels.fused_add_rms_norm_(x, residual, weight, eps)
 
 
 @triton_op("{{ cookiecutter.package_name }}::fused_add_rms_norm_bwd", mutates_args=())
@@ -172,3 +204,29 @@ def fused_add_rms_norm(
         y, h, _ = ops.fused_add_rms_norm_fwd(x, residual, weight, eps)
         return y, h
     return ops.fused_add_rms_norm(x, residual, weight, eps)
+
+
+def fused_add_rms_norm_(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> None:
+    """In place, for inference: ``residual += x``, then ``x = rms_norm(residual, weight, eps)``.
+
+    The ``(y, h)`` of ``fused_add_rms_norm`` written into ``x`` and ``residual`` instead of new
+    tensors, so a model allocates nothing per layer (and a CUDA graph replays the same buffers).
+    ``x`` and ``residual`` must be contiguous and must not overlap. It has no backward: call it
+    under ``torch.no_grad()`` or ``torch.inference_mode()``.
+    """
+    check_in_place_inputs(x, residual, weight)
+    if x.device.type != "meta" and not torch.compiler.is_compiling():
+        check_no_overlap(x, residual)  # reads data pointers, which traced tensors lack
+    if torch.is_grad_enabled():
+        for name, t in (("x", x), ("residual", residual), ("weight", weight)):
+            if t is not None and t.requires_grad:
+                raise RuntimeError(
+                    f"fused_add_rms_norm_ has no backward, but {name} requires grad: call it "
+                    "under torch.no_grad(), or use fused_add_rms_norm"
+                )
+    ops.fused_add_rms_norm_(x, residual, weight, as_eps(eps))
