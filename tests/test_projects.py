@@ -1,6 +1,6 @@
-"""Slow: each rendered variant, through its own nox sessions (the commands its README and CI use):
-lint, then install into a fresh environment with the documented command and run its test suite;
-for cpp also the GPU-less CUDA build."""
+"""Slow: each rendered variant, with an op added, through its README's install-and-test commands as
+written (a fresh virtual environment) and its own nox sessions: lint, build, and for cpp the
+GPU-less CUDA build."""
 
 import os
 import re
@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 
 import pytest
@@ -26,6 +27,11 @@ NOX_ENV = {
 }
 # A CUDA build of torch for the cpp variant's CUDA compile (e.g. "torch==2.14.1"); needs nvcc.
 CUDA_TORCH = os.environ.get("TEMPLATE_CUDA_TORCH")
+# The README's `python` (and the guide's `ruff`): those of the environment running these tests.
+PATH = f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}"
+# What a fresh 2-core machine may take from rendering to green tests, torch's download excluded
+# (where the index is unreachable, pip installs the torch wheel from this machine's disk).
+README_SECONDS = {"triton": 5 * 60, "cpp": 7 * 60}
 
 
 def nox(project, *sessions, env=NOX_ENV, reuse=False, succeeds=True):
@@ -68,13 +74,8 @@ def patch(path, old, new):
 def add_gemma_norm(project, variant):
     """Adds a new op as docs/adding_an_op.md says: its commands copy rms_norm's files as
     my_norm, then the math changes to Gemma's RMSNorm, y = x * rstd * (1 + weight)."""
-    path = f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}"  # ruff
-    subprocess.run(
-        ["bash", "-euc", guide_commands(project)],
-        cwd=project,
-        check=True,
-        env={**NOX_ENV, "PATH": path},
-    )
+    env = {**NOX_ENV, "PATH": PATH}
+    subprocess.run(["bash", "-euc", guide_commands(project)], cwd=project, check=True, env=env)
     pkg = project / "src" / "acme_ops"
     patch(
         pkg / "__init__.py",
@@ -84,11 +85,13 @@ def add_gemma_norm(project, variant):
     op = pkg / "my_norm.py"
     patch(op, "y = y * weight.to(xf.dtype)", "y = y * (1 + weight.to(xf.dtype))")
     if variant == "cpp":
-        # The CPU kernel reads the weight in the compute dtype; the new op hands it 1 + weight.
+        # The CPU kernel reads the weight in the compute dtype; the new op hands it 1 + weight
+        # (on two lines, as clang-format wants it).
         patch(
             project / "csrc" / "my_norm.cpp",
             "cpu::weight_or_ones(weight, x, acc_dtype)",
-            "cpu::weight_or_ones(weight ? optional<Tensor>(weight->add(1)) : weight, x, acc_dtype)",
+            "cpu::weight_or_ones(\n"
+            "      weight ? optional<Tensor>(weight->add(1)) : weight, x, acc_dtype)",
         )
     else:
         patch(op, "dy * weight.to(ct)", "dy * (1 + weight.to(ct))")
@@ -97,14 +100,66 @@ def add_gemma_norm(project, variant):
     assert "my_norm_reference" in test.read_text()
 
 
+def readme_commands(project) -> str:
+    """The bash block of the README's "Install and test" section, the one block there."""
+    readme = (project / "README.md").read_text()
+    (section,) = re.findall(r"^## Install and test\n(.*?)^## ", readme, re.S | re.M)
+    (commands,) = re.findall(r"^```bash\n(.*?)^```", section, re.S | re.M)
+    return commands
+
+
+def readme_use_code(project) -> str:
+    """The Python block of the README's "Use" section."""
+    readme = (project / "README.md").read_text()
+    (section,) = re.findall(r"^## Use\n(.*?)^## ", readme, re.S | re.M)
+    (code,) = re.findall(r"^```python\n(.*?)^```", section, re.S | re.M)
+    return code
+
+
+def run_readme_commands(project, tmp_path) -> str:
+    """Runs them as written in the project directory and returns their output. Only the
+    environment differs: pip installs the torch running these tests, and gives up at once on an
+    index it cannot reach (it then falls back to the other indexes of its configuration)."""
+    constraint = tmp_path / "torch-constraint.txt"
+    constraint.write_text(NOX_ENV["TORCH_SPEC"] + "\n")
+    env = {
+        **os.environ,
+        "PATH": PATH,
+        "PIP_CONSTRAINT": str(constraint),
+        "PIP_RETRIES": "0",
+        "PYTEST_ADDOPTS": "-rfEp",  # a line per passed test too
+    }
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", readme_commands(project)],
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    print(result.stdout[-30000:])
+    assert result.returncode == 0, result.stdout[-8000:]
+    return result.stdout
+
+
 @pytest.mark.parametrize("variant", ["triton", "cpp"])
-def test_rendered_project_with_an_added_op_lints_and_passes_its_tests(variant, tmp_path):
-    """The rendered project after following docs/adding_an_op.md, through its own nox sessions:
-    lint, then a fresh environment with the documented install, and its test suite."""
+def test_rendered_project_with_an_added_op_lints_and_passes_its_readme_commands(variant, tmp_path):
+    """The rendered project after following docs/adding_an_op.md: its lint session, then its
+    README's install-and-test commands as written, in time on a 2-core machine."""
+    start = time.monotonic()
     project = render(tmp_path, variant=variant, package_name="acme_ops")
+    seconds = time.monotonic() - start
     add_gemma_norm(project, variant)
-    output = nox(project, "lint", "tests", "--", "-rfEp")  # -rfEp: a line per passed test too
+    nox(project, "lint")
+    start = time.monotonic()
+    output = run_readme_commands(project, tmp_path)
+    seconds += time.monotonic() - start
+    print(f"{variant}: render and README commands took {seconds:.0f} s")
+    assert seconds < README_SECONDS[variant], f"{seconds:.0f} s"
     assert_suite_passed(output)
+    # The README's "Use" example runs as written in the environment its commands made.
+    python = project / ".venv" / "bin" / "python"
+    subprocess.run([python, "-c", readme_use_code(project)], cwd=project, check=True)
     # The new op's tests ran and passed: values, gradients, opcheck, torch.compile.
     ran = re.findall(r"^PASSED tests/test_my_norm\.py::(\S+)", output, re.M)
     for name in (
@@ -119,6 +174,10 @@ def test_rendered_project_with_an_added_op_lints_and_passes_its_tests(variant, t
         r"^\d+ tests skipped: they need a GPU and CUDA is not available$", output, re.M
     )
     assert "SKIPPED" not in output
+    if variant == "cpp":
+        # The build shows its progress, a [k/n] line per compiled file, and no compiler warning.
+        assert re.search(r"^ *\[\d+/\d+\] .* \S*csrc/my_norm\.cpp ", output, re.M)
+        assert ": warning:" not in output
 
 
 @pytest.mark.parametrize("variant", ["triton", "cpp"])
