@@ -177,7 +177,7 @@ def test_rendered_project_with_an_added_op_lints_and_passes_its_readme_commands(
     if variant == "cpp":
         # The build shows its progress, a [k/n] line per compiled file, and no compiler warning.
         assert re.search(r"^ *\[\d+/\d+\] .* \S*csrc/my_norm\.cpp ", output, re.M)
-        assert ": warning:" not in output
+        assert ": warning:" not in output and "Failed to initialize NumPy" not in output
 
 
 @pytest.mark.parametrize("variant", ["triton", "cpp"])

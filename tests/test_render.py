@@ -178,11 +178,16 @@ def test_hook_names_the_answer_a_bad_package_name_came_from(tmp_path, capfd):
     assert "package_name 'My_Ops' (derived from project_slug 'My-Ops')" in err
 
 
-def test_post_generation_hook_prints_the_next_commands(tmp_path, capfd):
-    render(tmp_path, variant="cpp")
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_post_generation_hook_prints_the_next_commands(tmp_path, capfd, variant):
+    project = render(tmp_path, variant=variant)
     out = capfd.readouterr().out
-    assert "cd my-torch-ops" in out and "pip install --no-build-isolation" in out
-    assert out.rstrip().endswith("pytest")
+    # The README's install-and-test block, after a cd into the project.
+    readme = (project / "README.md").read_text()
+    (block,) = re.findall(r"^## Install and test\n.*?^```bash\n(.*?)^```", readme, re.S | re.M)
+    printed = out.split("as its README says:\n\n", 1)[1]
+    want = "    cd my-torch-ops\n" + "".join(f"    {line}\n" for line in block.splitlines())
+    assert printed.rstrip() == want.rstrip()
 
 
 @pytest.mark.parametrize("key,value", [("version", "one"), ("cuda_archs", "sm_90")])
