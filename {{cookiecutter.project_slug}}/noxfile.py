@@ -22,7 +22,7 @@ nox.options.sessions = ["lint", "tests"]
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 {%- if cookiecutter.variant == "cpp" %}
 CUDA_INDEX = "https://download.pytorch.org/whl/cu130"
-BUILD_DEPS = ["setuptools>=77", "wheel", "ninja", "numpy"]  # numpy: torch warns at import without it
+BUILD_DEPS = ["setuptools>=77", "wheel", "ninja", "numpy"]  # torch warns at import without numpy
 {%- else %}
 BUILD_DEPS = ["setuptools>=77", "wheel"]
 {%- endif %}
