@@ -51,11 +51,12 @@ def nox(project, *sessions, env=NOX_ENV, reuse=False, succeeds=True):
 
 
 def assert_suite_passed(output: str) -> None:
-    """pytest's summary line in a nox session's output: enough tests passed and none failed."""
+    """pytest's summary line in the output: enough tests passed, none failed, no warnings."""
     summary = re.findall(r"=+ (.*(?:passed|failed).*) in [\d.]+s", output)[-1]
     print(summary)
     passed = int(re.search(r"(\d+) passed", summary).group(1))
     assert passed >= 130 and "failed" not in summary and "error" not in summary, summary
+    assert "warning" not in summary, summary  # none from the project's code or torch's deprecations
 
 
 def guide_commands(project) -> str:
