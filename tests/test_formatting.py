@@ -16,13 +16,9 @@ import yaml
 from conftest import TEMPLATE, render
 
 BIN = Path(sys.executable).parent
-# The package name is also the C++ namespace, so its length moves the C++ line breaks.
-RENDERS = [
-    ("triton", "my_ops"),
-    ("cpp", "ops"),
-    ("cpp", "my_ops"),
-    ("cpp", "a_rather_long_package_name_for_kernels"),
-]
+# The package name's length moves line breaks: in the Python, and in the C++ (its namespace).
+NAMES = ["ops", "my_ops", "a_rather_long_package_name_for_kernels"]
+RENDERS = [(variant, name) for variant in ("triton", "cpp") for name in NAMES]
 COMMON_HOOKS = {
     "check-yaml",
     "end-of-file-fixer",

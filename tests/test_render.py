@@ -218,12 +218,6 @@ def test_odd_answers_render_valid_files(tmp_path, variant):
     assert not list(tmp_path.rglob("PWNED")) and not Path("PWNED").exists()
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("name", ["ops", "acme_ops", "a_rather_long_package_name_for_kernels"])
-def test_lint_clean_whatever_the_name_length(tmp_path, variant, name):
-    assert_lint_clean(render(tmp_path, variant=variant, package_name=name))
-
-
 SOURCE_SUFFIXES = {".py", ".cpp", ".cu", ".h", ".cuh", ".toml"}
 
 
