@@ -29,7 +29,6 @@ COMMON = {
     "tests/test_rms_norm.py",
     "tests/test_edge_cases.py",
     "tests/test_fused_add_rms_norm.py",
-    "tests/test_fused_add_rms_norm_in_place.py",
     "tests/test_export.py",
     "tests/test_hidden_sizes.py",
     "tests/test_benchmark.py",
