@@ -1,27 +1,25 @@
 """RMSNorm throughput against F.rms_norm, torch.compile, Liger and a copy of x.
 
 RMSNorm is memory-bound: its ceiling is moving its bytes as fast as x.clone() moves its own, so
-each time is also given as a fraction of the copy's bandwidth, measured in the same run.
+each time is also given as a fraction of the copy's bandwidth, measured in the same run. A cell is
+the median of --runs times. On CUDA a time is triton.testing.do_bench's median (L2 flushed before
+each call); with --cuda-graphs, that of the replays of the call captured in a CUDA graph: the
+kernels alone. --decode takes a wall clock: at its sizes a call costs what the host takes to issue
+it. Each implementation is first checked against the reference: a wrong one is reported, not timed.
 
     python benchmarks/bench_rms_norm.py --op fused_add_rms_norm --shapes 32768x4096
     python benchmarks/bench_rms_norm.py --cuda-graphs --also other_ops --json bench.json
     python benchmarks/bench_rms_norm.py --device cpu --quick --plot bench.png  # a smoke test
-
-A cell is the median of --runs times. On CUDA a time is triton.testing.do_bench's median (L2
-flushed before each call); with --cuda-graphs, that of the replays of the call captured in a
-CUDA graph: the kernels alone. --decode times eager calls with a wall clock: at those sizes a
-call costs what the host takes to issue it. Each implementation is first checked against the
-reference: a wrong one is reported, not timed.
 """
 
 import argparse
-import functools
 import gc
 import importlib.util
 import json
 import statistics
 import sys
 import time
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -35,74 +33,62 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GRID = [(m, n) for m in (4096, 8192, 32768, 65536) for n in (1024, 2048, 4096, 8192, 16384)]
 QUICK = [(256, 1024), (1024, 4096)]
 DECODE = [(m, 4096) for m in (1, 8, 32, 256)]
-# Per op: its reference (for the in-place op, (y, h) is what x and residual become), and per mode
-# the bytes it must move, in units of M*N elements (weight, rstd and dw are O(M) or O(N)).
-# rms_norm: fwd reads x, writes y; the backward reads x and dy, writes dx. fused_add_rms_norm
-# (its residual in x's dtype here): fwd reads x and residual, writes y and h = x + residual; the
-# backward reads h, dy and dh (the gradient of h), writes dx and dresidual. fused_add_rms_norm_
-# moves what fused_add_rms_norm's forward does, writing over x and residual; it has no backward.
-# Liger's fused backward returns one tensor as the gradient of both x and residual: it moves
-# 8 units, so its fraction of copy there reads 9/8 of what it moves.
+# Per op: its reference, and per mode the bytes it must move in units of M*N elements (weight,
+# rstd and dw are O(M) or O(N)). rms_norm: fwd reads x, writes y; bwd reads x and dy, writes dx.
+# fused_add_rms_norm, residual in x's dtype: fwd reads x and residual, writes y and h = x +
+# residual; bwd reads h, dy and h's gradient, writes dh, the gradient of both x and residual.
+# fused_add_rms_norm_ moves what its fwd does, writing y over x and h over residual; no backward.
 OPS = {
     "rms_norm": (rms_norm_reference, {"fwd": 2, "fwd+bwd": 5}),
-    "fused_add_rms_norm": (fused_add_rms_norm_reference, {"fwd": 4, "fwd+bwd": 9}),
+    "fused_add_rms_norm": (fused_add_rms_norm_reference, {"fwd": 4, "fwd+bwd": 8}),
     "fused_add_rms_norm_": (fused_add_rms_norm_reference, {"fwd": 4}),
 }
 
 
-def torch_rms_norm(x, w):
-    return F.rms_norm(x, x.shape[-1:], w, EPS)
+def torch_rms_norm(x, w, eps):
+    return F.rms_norm(x, x.shape[-1:], w, eps)
 
 
-def torch_add_rms_norm(x, residual, w):
+def torch_add_rms_norm(x, residual, w, eps):
     h = x + residual
-    return torch_rms_norm(h, w), h
+    return torch_rms_norm(h, w, eps), h
 
 
-def reference_in_place(x, residual, w):
-    y, h = fused_add_rms_norm_reference(x, residual, w, EPS)
+def reference_in_place(x, residual, w, eps):
+    y, h = fused_add_rms_norm_reference(x, residual, w, eps)
     residual.copy_(h)
     x.copy_(y)
 
 
 def implementations(op: str, device: str, also: list[str]) -> dict:
-    """Name -> fn(x, w) or fn(x, residual, w): the packages' public functions, then the peers."""
-    impls = {}
-    for name in [PACKAGE, *also]:
-        public = getattr(importlib.import_module(name), op)
-        impls[name] = lambda *args, public=public: public(*args, EPS)
+    """Name -> fn(x, w, eps) or fn(x, residual, w, eps): the packages' ops, then the peers."""
+    impls = {name: getattr(importlib.import_module(name), op) for name in [PACKAGE, *also]}
     if op == "fused_add_rms_norm_":  # beside the out-of-place op; Liger has no in-place form
-        out_of_place = importlib.import_module(PACKAGE).fused_add_rms_norm
-        impls["out of place"] = lambda *args: out_of_place(*args, EPS)
+        impls["out of place"] = importlib.import_module(PACKAGE).fused_add_rms_norm
         if device == "cuda":
             impls["compile(ref)"] = torch.compile(reference_in_place, dynamic=False)
         else:  # pytorch/pytorch#196570
             print("note: compile(ref) not measured: Inductor's CPU code fails", file=sys.stderr)
         return impls
     impls["F.rms_norm"] = torch_rms_norm if op == "rms_norm" else torch_add_rms_norm
-    reference = OPS[op][0]
-    impls["compile(ref)"] = torch.compile(lambda *args: reference(*args, eps=EPS), dynamic=False)
+    impls["compile(ref)"] = torch.compile(OPS[op][0], dynamic=False)
     if device != "cuda":
         print("note: Liger not measured: its kernels run on CUDA only", file=sys.stderr)
         return impls
-    try:
-        from liger_kernel.transformers import functional as liger
-
+    try:  # not installed, too old, or not importable with this torch or Triton
+        liger = importlib.import_module("liger_kernel.transformers.functional")
         liger_fn = getattr(liger, f"liger_{op}")  # liger_rms_norm or liger_fused_add_rms_norm
-    except Exception as e:  # not installed, too old, or not importable with this torch or Triton
+    except Exception as e:
         print(f"note: Liger not measured ({e!r}); pip install liger-kernel", file=sys.stderr)
-        return impls
-    # in_place=False: Liger otherwise writes dx over dy, which every timed backward reuses.
-    impls["Liger"] = lambda *args: liger_fn(*args, EPS, in_place=False)
+    else:  # in_place=False: Liger otherwise writes dx over dy, which every timed backward reuses
+        impls["Liger"] = partial(liger_fn, in_place=False)
     return impls
 
 
 def run(fn, inputs, grads=None) -> list[torch.Tensor]:
-    """fn's outputs; given the gradients of the outputs, then those of the inputs."""
-    out = fn(*inputs)
-    if out is None:  # an in-place op: its outputs are what it wrote over, x and residual
-        out = inputs[:2]
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    """fn(*inputs, EPS)'s outputs; given the gradients of the outputs, then those of the inputs."""
+    out = fn(*inputs, EPS)  # None from an in-place op: its outputs are x and residual, written over
+    outs = [out] if isinstance(out, torch.Tensor) else list(inputs[:2] if out is None else out)
     return [*outs, *torch.autograd.grad(outs, inputs, grads)] if grads else outs
 
 
@@ -145,27 +131,24 @@ def graph_ms(fn, time_ms) -> float:
     return time_ms(graph.replay)  # fn, alive until then, holds the tensors the graph reads
 
 
-def bench_shape(args, device, shape, impls, timers) -> list[dict]:
+def bench_shape(args, shape, impls, time_ms, time_copy) -> list[dict]:
     """A row for the copy of x, then one per implementation and mode, of one shape."""
-    (m, n), (time_ms, time_copy), (reference, units) = shape, timers, OPS[args.op]
-    op, dtype, runs = args.op, DTYPES[args.dtype], args.runs
-    x = torch.randn(m, n, dtype=dtype, device=device)
-    w = 1 + 0.1 * torch.randn(n, dtype=dtype, device=device)
-    base = (x, w) if op == "rms_norm" else (x, torch.randn_like(x), w)
+    (m, n), (reference, units) = shape, OPS[args.op]
+    x = torch.randn(m, n, dtype=DTYPES[args.dtype], device=args.device)
+    w = 1 + 0.1 * torch.randn(n, dtype=x.dtype, device=x.device)
+    base = (x, w) if args.op == "rms_norm" else (x, torch.randn_like(x), w)
     grads = [torch.randn_like(x) for _ in base[1:]] if "fwd+bwd" in units else None  # y (, h)
     want = run(reference, [t.clone().requires_grad_(grads is not None) for t in base], grads)
-    cells = {("copy", "copy"): [time_copy(x.clone) for _ in range(runs)]}
+    cells = {("copy", "copy"): [time_copy(x.clone) for _ in range(args.runs)]}
     for name, fn in impls.items():
-        # Its own copy of the inputs: lines of x another implementation left in L2 (a flush may
-        # not evict lines loaded as evict-last) must not speed this one up.
+        # Its own inputs: evict-last lines of x another left in L2 may outlive a flush, and help it.
         inputs = [t.clone() for t in base]
         leaves = [t.detach().requires_grad_() for t in inputs]
-        calls = {"fwd": functools.partial(fn, *inputs)}
-        calls["fwd+bwd"] = functools.partial(run, fn, leaves, grads)
+        calls = {"fwd": partial(fn, *inputs, EPS), "fwd+bwd": partial(run, fn, leaves, grads)}
         try:
             check(fn, inputs, grads, want)
             for mode in units:
-                cells[name, mode] = [time_ms(calls[mode]) for _ in range(runs)]
+                cells[name, mode] = [time_ms(calls[mode]) for _ in range(args.runs)]
         except (RuntimeError, ValueError) as e:  # also a wrong result, or a capture that fails
             for mode in units:
                 cells.setdefault((name, mode), f"failed: {str(e).splitlines()[0]}")
@@ -183,8 +166,7 @@ def bench_shape(args, device, shape, impls, timers) -> list[dict]:
 
 
 def table(rows, modes, unit: str) -> str:
-    """A line per shape and mode, with each implementation's time and fraction of the copy's
-    bandwidth; then a line per cell not timed, saying why."""
+    """A line per shape and mode: each implementation's time and fraction of copy; then failures."""
     scale, digits = (1e3, 1) if unit == "us" else (1.0, 4)
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     width = max(15, *map(len, impls))
@@ -208,7 +190,7 @@ def plot(rows, path: str, title: str) -> None:
 
     shapes = list(dict.fromkeys((r["M"], r["N"]) for r in rows))
     modes = list(dict.fromkeys(r["mode"] for r in rows if r["impl"] != "copy"))
-    fig = Figure(figsize=(max(5 * len(modes), 0.9 * len(shapes)), 4.5))
+    fig = Figure(figsize=(max(5 * len(modes), 0.9 * len(shapes)), 4.5), layout="tight")
     for ax, mode in zip(fig.subplots(1, len(modes), squeeze=False)[0], modes, strict=True):
         for impl in dict.fromkeys(r["impl"] for r in rows if r["mode"] == mode):
             at = {(r["M"], r["N"]): r for r in rows if (r["impl"], r["mode"]) == (impl, mode)}
@@ -219,7 +201,6 @@ def plot(rows, path: str, title: str) -> None:
         ax.set_xticks(range(len(shapes)), [f"{m}x{n}" for m, n in shapes], rotation=60)
         ax.legend()
     fig.suptitle(title)
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
@@ -243,43 +224,41 @@ def main(argv=None) -> list[dict]:
     add("--plot", metavar="PATH.png", help="plot the fractions of copy bandwidth")
     add("--json", metavar="PATH", help="write every row as JSON")
     args = parser.parse_args(argv)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.cuda_graphs and (device != "cuda" or args.decode):
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.cuda_graphs and (args.device != "cuda" or args.decode):
         parser.error("--cuda-graphs needs CUDA, and does not apply to --decode")
     if args.runs < 1:
         parser.error("--runs wants at least 1")
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # before the timing
         parser.error("--plot needs matplotlib: pip install matplotlib")
-    impls = implementations(args.op, device, args.also)
+    impls = implementations(args.op, args.device, args.also)
     if args.impls:
         if unknown := set(args.impls) - {*impls, "Liger"}:
             parser.error(f"--impls: unknown {sorted(unknown)}; choose from {list(impls)}")
         impls = {name: fn for name, fn in impls.items() if name in args.impls}
-    if device == "cuda" and not args.decode:
+    if args.device == "cuda" and not args.decode:
         import triton.testing  # here, not at the top: CPU-only installs may lack Triton
 
-        time_copy = functools.partial(triton.testing.do_bench, return_mode="median")
+        time_copy = partial(triton.testing.do_bench, return_mode="median")
     else:
-        sync = torch.cuda.synchronize if device == "cuda" else lambda: None
-        time_copy = functools.partial(wall_clock_ms, sync=sync)
+        time_copy = partial(wall_clock_ms, sync=torch.get_device_module(args.device).synchronize)
     # The copy stays eager: captured, a clone becomes a memcpy node, slower than its eager kernel.
-    time_ms = functools.partial(graph_ms, time_ms=time_copy) if args.cuda_graphs else time_copy
+    time_ms = partial(graph_ms, time_ms=time_copy) if args.cuda_graphs else time_copy
     shapes = DECODE if args.decode else args.shapes or (QUICK if args.quick else GRID)
-    rows, timers = [], (time_ms, time_copy)
+    rows = []
     torch.manual_seed(0)
-    for i, shape in enumerate(shapes):
-        print(f"{shape[0]}x{shape[1]} ({i + 1}/{len(shapes)})", file=sys.stderr, flush=True)
+    for i, shape in enumerate(shapes, 1):
+        print(f"{shape[0]}x{shape[1]} ({i}/{len(shapes)})", file=sys.stderr, flush=True)
         torch.compiler.reset()  # compile(ref): a graph per shape, so none hits the recompile limit
         try:
-            rows += bench_shape(args, device, shape, impls, timers)
+            rows += bench_shape(args, shape, impls, time_ms, time_copy)
         except torch.OutOfMemoryError:
             print(f"note: {shape} skipped: out of device memory", file=sys.stderr)
-
-    where = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+    where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     how = "eager per call" if args.decode else "CUDA graphs" if args.cuda_graphs else "eager"
     title = f"{args.op} {args.dtype} on {where}, torch {torch.__version__}, {how}, {args.runs} runs"
     print(title)
-    if device == "cpu":
+    if args.device == "cpu":
         print("CPU timings are for smoke-testing the benchmark, not for comparing kernels.")
     print(table(rows, OPS[args.op][1], "us" if args.decode else "ms"))
     if args.json:

@@ -92,6 +92,8 @@ def check_backward(device, shape, dtypes):
     torch.autograd.backward((y64, h64), (dy.double(), dh.double()))
     tol = loose(*dtypes)
     assert x.grad.dtype == x.dtype and r.grad.dtype == r.dtype and w.grad.dtype == w.dtype
+    # The op returns one gradient for x and residual; autograd gives each leaf its own .grad.
+    assert x.grad.data_ptr() != r.grad.data_ptr()
     torch.testing.assert_close(x.grad.double(), x64.grad, atol=tol, rtol=tol)
     torch.testing.assert_close(r.grad.double(), r64.grad, atol=tol, rtol=tol)
     rows = x.numel() // shape[-1]
@@ -166,7 +168,7 @@ def test_opcheck_bwd(device, case, grad_residual):
     )
     y, h, rstd = OPS.fused_add_rms_norm_fwd(x, r, w, eps)
     dh = torch.randn_like(h) if grad_residual else None
-    opcheck(OPS.fused_add_rms_norm_bwd.default, (torch.randn_like(y), dh, h, rstd, w, x.dtype))
+    opcheck(OPS.fused_add_rms_norm_bwd.default, (torch.randn_like(y), dh, h, rstd, w))
 
 
 def block(x, residual, w):
@@ -203,14 +205,19 @@ def test_bad_residual_is_a_clear_error(checked_device):
         fused_add_rms_norm(x.half(), torch.ones(4, 8, dtype=torch.bfloat16, device=checked_device))
 
 
-def fused_bwd_args(device, grad_res_shape=(4, 8), grad_res_dtype=torch.float32, **changes):
+def fused_bwd_args(
+    device,
+    grad_y_dtype=torch.bfloat16,
+    grad_res_shape=(4, 8),
+    grad_res_dtype=torch.float32,
+    **changes,
+):
     args = dict(
-        grad_y=torch.ones(4, 8, device=device, dtype=torch.bfloat16),
+        grad_y=torch.ones(4, 8, device=device, dtype=grad_y_dtype),
         grad_new_residual=torch.ones(grad_res_shape, device=device, dtype=grad_res_dtype),
         new_residual=torch.ones(4, 8, device=device),
         rstd=torch.ones(4, device=device),
         weight=None,
-        x_dtype=torch.bfloat16,
     )
     return {**args, **changes}
 
@@ -224,8 +231,12 @@ def fused_bwd_args(device, grad_res_shape=(4, 8), grad_res_dtype=torch.float32, 
             TypeError,
             r"grad_new_residual must have new_residual's dtype \(torch.float32\)",
         ),
-        (dict(x_dtype=torch.int64), TypeError, "x_dtype must be float32.*got torch.int64"),
-        (dict(x_dtype=torch.float64), TypeError, r"new_residual must have x_dtype's dtype"),
+        (dict(grad_y_dtype=torch.int64), TypeError, "grad_y must be float32.*got torch.int64"),
+        (
+            dict(grad_y_dtype=torch.float64),
+            TypeError,
+            r"new_residual must have grad_y's dtype \(torch.float64\), got torch.float32",
+        ),
         (dict(rstd=torch.ones(())), ValueError, r"rstd must have shape \(4,\), got \(\)"),
     ],
 )

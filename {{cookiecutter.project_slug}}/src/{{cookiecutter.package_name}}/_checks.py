@@ -119,14 +119,12 @@ def check_fused_bwd_inputs(
     new_residual: torch.Tensor,
     rstd: torch.Tensor,
     weight: torch.Tensor | None,
-    x_dtype: torch.dtype,
 ) -> None:
     """Checks the arguments of the fused backward op (normally produced by autograd)."""
     check_inputs(new_residual, weight, "new_residual")
-    _check_dtype("x_dtype", x_dtype)
-    _check_residual_dtype("x_dtype", x_dtype, "new_residual", new_residual.dtype)
     _check_like("grad_y", grad_y, "new_residual", new_residual)
-    _check_same_dtype("grad_y", grad_y, x_dtype, "x_dtype")
+    _check_dtype("grad_y", grad_y.dtype)
+    _check_residual_dtype("grad_y", grad_y.dtype, "new_residual", new_residual.dtype)
     if grad_new_residual is not None:
         _check_like("grad_new_residual", grad_new_residual, "new_residual", new_residual)
         _check_same_dtype(

@@ -4,8 +4,8 @@ A transformer block adds each sublayer's output to the residual stream and norma
 for the next sublayer; one pass over memory does both. As for ``rms_norm``, three operators:
 
 - ``fused_add_rms_norm_fwd(x, residual, weight, eps) -> (y, new_residual, rstd)``;
-- ``fused_add_rms_norm_bwd(grad_y, grad_new_residual, new_residual, rstd, weight, x_dtype)
-  -> (dx, dresidual, dw)``;
+- ``fused_add_rms_norm_bwd(grad_y, grad_new_residual, new_residual, rstd, weight) -> (dh, dw)``,
+  where ``dh`` is the gradient of both ``x`` and ``residual``;
 - ``fused_add_rms_norm(x, residual, weight, eps) -> (y, new_residual)``, without rstd;
 
 and ``fused_add_rms_norm_(x, residual, weight, eps)``, which writes ``y`` into ``x`` and the new
@@ -77,11 +77,11 @@ def _(x, residual, weight, eps):
 
 
 @torch.library.register_fake("{{ cookiecutter.package_name }}::fused_add_rms_norm_bwd")
-def _(grad_y, grad_new_residual, new_residual, rstd, weight, x_dtype):
-    check_fused_bwd_inputs(grad_y, grad_new_residual, new_residual, rstd, weight, x_dtype)
+def _(grad_y, grad_new_residual, new_residual, rstd, weight):
+    check_fused_bwd_inputs(grad_y, grad_new_residual, new_residual, rstd, weight)
     shape = new_residual.shape
     dw = rstd.new_empty(0, dtype=torch.float32) if weight is None else weight.new_empty(shape[-1])
-    return new_residual.new_empty(shape, dtype=x_dtype), new_residual.new_empty(shape), dw
+    return new_residual.new_empty(shape), dw
 {% else %}
 
 @triton_op("{{ cookiecutter.package_name }}::fused_add_rms_norm_fwd", mutates_args=())
@@ -133,18 +133,15 @@ def _fused_add_rms_norm_bwd(
     new_residual: torch.Tensor,
     rstd: torch.Tensor,
     weight: torch.Tensor | None,
-    x_dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    check_fused_bwd_inputs(grad_y, grad_new_residual, new_residual, rstd, weight, x_dtype)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    check_fused_bwd_inputs(grad_y, grad_new_residual, new_residual, rstd, weight)
     if new_residual.device.type != "cuda":
         h = new_residual
         dh, dw = ops.rms_norm_bwd(grad_y.to(h.dtype), h, rstd, weight)
         if grad_new_residual is not None:
             dh = dh + grad_new_residual
-        return dh.to(x_dtype, copy=True), dh.clone(), dw
-    return kernels.fused_add_rms_norm_bwd(
-        grad_y, grad_new_residual, new_residual, rstd, weight, x_dtype
-    )
+        return dh, dw
+    return kernels.fused_add_rms_norm_bwd(grad_y, grad_new_residual, new_residual, rstd, weight)
 {% endif %}
 
 def _setup_context(ctx, inputs, output):
@@ -156,11 +153,11 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_y, grad_new_residual, _grad_rstd):
     new_residual, weight, rstd = ctx.saved_tensors
-    dx, dresidual, dw = ops.fused_add_rms_norm_bwd(
-        grad_y, grad_new_residual, new_residual, rstd, weight, ctx.x_dtype
-    )
+    dh, dw = ops.fused_add_rms_norm_bwd(grad_y, grad_new_residual, new_residual, rstd, weight)
     need_dx, need_dres, need_dw, _ = ctx.needs_input_grad
-    return dx if need_dx else None, dresidual if need_dres else None, dw if need_dw else None, None
+    # h = x + residual: both get dh, x's rounded to its dtype when residual's is wider.
+    dx = dh.to(ctx.x_dtype) if need_dx else None
+    return dx, dh if need_dres else None, dw if need_dw else None, None
 
 
 torch.library.register_autograd(
