@@ -1,0 +1,132 @@
+"""Argument checks shared by the public API and the fake impls, so that bad input fails the same
+way in eager mode, under torch.compile and on meta tensors: a Python exception naming the argument,
+never a crash inside a kernel."""
+
+from __future__ import annotations
+
+import torch
+
+from .reference import compute_dtype
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _check_dtype(name: str, dtype: torch.dtype) -> None:
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32, float16, bfloat16 or float64, got {dtype}")
+
+
+def _check_device(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    if t.device != ref.device:
+        raise ValueError(f"{name} must be on {ref_name}'s device ({ref.device}), got {t.device}")
+
+
+def _check_like(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    """t (argument ``name``) has the shape and device of ref (argument ``ref_name``)."""
+    if t.shape != ref.shape:
+        raise ValueError(
+            f"{name} must have {ref_name}'s shape {tuple(ref.shape)}, got {tuple(t.shape)}"
+        )
+    _check_device(name, t, ref_name, ref)
+
+
+def _check_same_dtype(name: str, t: torch.Tensor, dtype: torch.dtype, dtype_of: str) -> None:
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must have {dtype_of}'s dtype ({dtype}), got {t.dtype}")
+
+
+def _check_residual_dtype(x_name: str, x_dtype: torch.dtype, name: str, dtype: torch.dtype) -> None:
+    """The residual stream has x's dtype, or float32 under float16/bfloat16 x."""
+    reduced = x_dtype in (torch.float16, torch.bfloat16)
+    if dtype != x_dtype and not (reduced and dtype == torch.float32):
+        also = " or float32" if reduced else ""
+        raise TypeError(f"{name} must have {x_name}'s dtype ({x_dtype}){also}, got {dtype}")
+
+
+def _check_rstd(rstd: torch.Tensor, x_name: str, x: torch.Tensor) -> None:
+    """rstd as the forward returned it for the rows of x, in the compute dtype."""
+    if rstd.shape != x.shape[:-1]:
+        raise ValueError(f"rstd must have shape {tuple(x.shape[:-1])}, got {tuple(rstd.shape)}")
+    want = compute_dtype(x)
+    if rstd.dtype != want:
+        raise TypeError(f"rstd must be {want} for {x_name} of dtype {x.dtype}, got {rstd.dtype}")
+    _check_device("rstd", rstd, x_name, x)
+
+
+def as_eps(eps: float) -> float:
+    """eps as the ops take it (a Python float), or an error that names it."""
+    try:
+        return float(eps)
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several elements
+        raise TypeError(f"eps must be a float, got {eps!r}") from None
+
+
+def check_inputs(x: torch.Tensor, weight: torch.Tensor | None, x_name: str = "x") -> None:
+    """Checks the arguments of rms_norm(x, weight); ``x_name`` names x in the messages."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{x_name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() == 0:
+        raise ValueError(
+            f"{x_name} must have at least 1 dimension (the one normalized), got a 0-d tensor"
+        )
+    _check_dtype(x_name, x.dtype)
+    if x.shape[-1] == 0:
+        raise ValueError(
+            f"{x_name} must have a non-empty last dimension, got shape {tuple(x.shape)}"
+        )
+    if weight is None:
+        return
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight must be a torch.Tensor or None, got {type(weight).__name__}")
+    _check_dtype("weight", weight.dtype)
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(
+            f"weight must have shape ({x.shape[-1]},) to match the last dimension of {x_name}, "
+            f"got {tuple(weight.shape)}"
+        )
+    _check_device("weight", weight, x_name, x)
+
+
+def check_bwd_inputs(
+    grad_y: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor | None
+) -> None:
+    """Checks the arguments of the backward op (normally produced by autograd, not by users)."""
+    check_inputs(x, weight)
+    _check_like("grad_y", grad_y, "x", x)
+    # The kernels read grad_y in x's dtype; autograd always produces it so.
+    _check_same_dtype("grad_y", grad_y, x.dtype, "x")
+    _check_rstd(rstd, "x", x)
+
+
+def check_fused_inputs(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None
+) -> None:
+    """Checks the arguments of fused_add_rms_norm(x, residual, weight)."""
+    check_inputs(x, weight)
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
+    _check_dtype("residual", residual.dtype)
+    _check_like("residual", residual, "x", x)
+    _check_residual_dtype("x", x.dtype, "residual", residual.dtype)
+
+
+def check_fused_bwd_inputs(
+    grad_y: torch.Tensor,
+    grad_new_residual: torch.Tensor | None,
+    new_residual: torch.Tensor,
+    rstd: torch.Tensor,
+    weight: torch.Tensor | None,
+    x_dtype: torch.dtype,
+) -> None:
+    """Checks the arguments of the fused backward op (normally produced by autograd)."""
+    check_inputs(new_residual, weight, "new_residual")
+    _check_dtype("x_dtype", x_dtype)
+    _check_residual_dtype("x_dtype", x_dtype, "new_residual", new_residual.dtype)
+    _check_like("grad_y", grad_y, "new_residual", new_residual)
+    _check_same_dtype("grad_y", grad_y, x_dtype, "x_dtype")
+    if grad_new_residual is not None:
+        _check_like("grad_new_residual", grad_new_residual, "new_residual", new_residual)
+        _check_same_dtype(
+            "grad_new_residual", grad_new_residual, new_residual.dtype, "new_residual"
+        )
+    _check_rstd(rstd, "new_residual", new_residual)
