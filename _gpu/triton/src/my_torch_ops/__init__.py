@@ -1,6 +1,0 @@
-"""Custom PyTorch operators that compose with torch.compile: RMSNorm and a fused residual-add
-RMSNorm, forward and backward. Each op is a module of its own; a new op is one more import here."""
-
-from .fused_add_rms_norm import fused_add_rms_norm, fused_add_rms_norm_
-from .nn import RMSNorm
-from .rms_norm import rms_norm
