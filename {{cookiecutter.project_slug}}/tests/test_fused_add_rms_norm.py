@@ -115,6 +115,8 @@ def test_backward_through_one_output(device, used):
         torch.testing.assert_close(w.grad.double(), w64.grad, atol=1e-4, rtol=1e-5)
     else:
         assert w.grad is None or not w.grad.any()
+    _, _, rstd = OPS.fused_add_rms_norm_fwd(x, r, w, 1e-6)
+    assert not rstd.requires_grad  # saved for the backward, not differentiated
 
 
 def test_gradcheck(device):

@@ -140,6 +140,13 @@ def test_non_contiguous(device, layout):
     torch.testing.assert_close(w.grad.double(), w64.grad, atol=1e-4, rtol=1e-5)
 
 
+def test_rstd_needs_no_gradient(device):
+    # rstd is saved for the backward, not differentiated: autograd fills no zero gradient for it.
+    x = torch.randn(3, 17, device=device, requires_grad=True)
+    y, rstd = OPS.rms_norm_fwd(x, None, 1e-6)
+    assert y.requires_grad and not rstd.requires_grad
+
+
 @pytest.mark.parametrize("weight", [True, False], ids=["weight", "no_weight"])
 def test_gradcheck(device, weight):
     x = torch.randn(3, 17, dtype=torch.float64, device=device, requires_grad=True)

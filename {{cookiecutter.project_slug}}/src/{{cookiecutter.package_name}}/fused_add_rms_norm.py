@@ -149,14 +149,21 @@ def _setup_context(ctx, inputs, output):
     _y, new_residual, rstd = output
     ctx.save_for_backward(new_residual, weight, rstd)
     ctx.x_dtype = x.dtype
+    # As in rms_norm: no zero gradients filled for rstd, nor for an output the loss does not use
+    # (those arrive as None).
+    ctx.mark_non_differentiable(rstd)
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_y, grad_new_residual, _grad_rstd):
     new_residual, weight, rstd = ctx.saved_tensors
-    dh, dw = ops.fused_add_rms_norm_bwd(grad_y, grad_new_residual, new_residual, rstd, weight)
+    if grad_y is None:  # no gradient through y: h's is grad_new_residual's (None: zero)
+        dh, dw = grad_new_residual, None
+    else:
+        dh, dw = ops.fused_add_rms_norm_bwd(grad_y, grad_new_residual, new_residual, rstd, weight)
     need_dx, need_dres, need_dw, _ = ctx.needs_input_grad
     # h = x + residual: both get dh, x's rounded to its dtype when residual's is wider.
-    dx = dh.to(ctx.x_dtype) if need_dx else None
+    dx = dh.to(ctx.x_dtype) if need_dx and dh is not None else None
     return dx, dh if need_dres else None, dw if need_dw else None, None
 
 

@@ -107,9 +107,15 @@ def _setup_context(ctx, inputs, output):
     x, weight, _eps = inputs
     _y, rstd = output
     ctx.save_for_backward(x, weight, rstd)
+    # rstd is saved for the backward, not differentiated. Without these two lines autograd would
+    # fill a zero gradient for it, a kernel launch, on every backward.
+    ctx.mark_non_differentiable(rstd)
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_y, _grad_rstd):
+    if grad_y is None:  # y's gradient is zero, passed as None (see _setup_context)
+        return None, None, None
     x, weight, rstd = ctx.saved_tensors
     dx, dw = ops.rms_norm_bwd(grad_y, x, rstd, weight)
     need_dx, need_dw, _ = ctx.needs_input_grad
