@@ -100,14 +100,16 @@ def check_backward(device, shape, dtypes):
     torch.testing.assert_close(w.grad.double(), w64.grad, atol=tol * rows**0.5, rtol=tol)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("used", ["y", "new_residual"])
-def test_backward_through_one_output(device, used):
+def test_backward_through_one_output(device, used, compiled):
     # The other output gets no gradient at all (not a zero tensor), as when a block's last
     # residual stream is dropped.
     x, r, w = inputs((6, 40), (torch.float32, torch.float32), device, requires_grad=True)
     x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, r, w))
     pick = 0 if used == "y" else 1
-    fused_add_rms_norm(x, r, w)[pick].square().sum().backward()
+    fn = torch.compile(fused_add_rms_norm, fullgraph=True) if compiled else fused_add_rms_norm
+    fn(x, r, w)[pick].square().sum().backward()
     fused_add_rms_norm_reference(x64, r64, w64)[pick].square().sum().backward()
     for got, want in ((x.grad, x64.grad), (r.grad, r64.grad)):
         torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-5)
