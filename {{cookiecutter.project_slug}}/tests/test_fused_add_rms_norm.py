@@ -181,6 +181,7 @@ def block(x, residual, w):
 
 
 def test_compile_fullgraph_dynamic_no_graph_breaks(device):
+    torch.compiler.reset()  # as in test_rms_norm.py: no graphs of block from other tests
     compiled = torch.compile(block, fullgraph=True, dynamic=True)
     for shape in [(4, 64), (7, 96)]:
         x, r, w = inputs(shape, (torch.float32, torch.float32), device, requires_grad=True)

@@ -234,6 +234,9 @@ def loss_fn(x, w):
 
 @pytest.mark.parametrize("weight", [True, False], ids=["weight", "no_weight"])
 def test_compile_fullgraph_dynamic(device, weight):
+    # Other tests in this process may have compiled loss_fn: all its graphs count toward one
+    # recompile limit, so start from none.
+    torch.compiler.reset()
     compiled = torch.compile(loss_fn, fullgraph=True, dynamic=True)
     for shape in [(4, 64), (7, 96), (2, 5, 128)]:
         x = torch.randn(shape, device=device, requires_grad=True)
