@@ -117,8 +117,13 @@ def test_backward_through_one_output(device, used, compiled):
         torch.testing.assert_close(w.grad.double(), w64.grad, atol=1e-4, rtol=1e-5)
     else:
         assert w.grad is None or not w.grad.any()
-    _, _, rstd = OPS.fused_add_rms_norm_fwd(x, r, w, 1e-6)
-    assert not rstd.requires_grad  # saved for the backward, not differentiated
+
+
+def test_rstd_needs_no_gradient(device):
+    # As in rms_norm: rstd is saved for the backward, not differentiated.
+    x, r, w = inputs((3, 17), (torch.float32, torch.float32), device, requires_grad=True)
+    y, h, rstd = OPS.fused_add_rms_norm_fwd(x, r, w, 1e-6)
+    assert y.requires_grad and h.requires_grad and not rstd.requires_grad
 
 
 def test_gradcheck(device):
