@@ -1,16 +1,12 @@
 """RMSNorm throughput against F.rms_norm, torch.compile, Liger and a copy of x.
 
-RMSNorm is memory-bound: its ceiling is moving its bytes as fast as x.clone() moves its own, so
-each time is also given as a fraction of the copy's bandwidth, measured in the same run. A cell is
-the median of --runs times. On CUDA a time is triton.testing.do_bench's median (L2 flushed before
-each call); with --cuda-graphs, that of the replays of the call captured in a CUDA graph: the
-kernels alone. --decode takes a wall clock: at its sizes a call costs what the host takes to issue
-it. Each implementation is first checked against the reference: a wrong one is reported, not timed.
-
-    python benchmarks/bench_rms_norm.py --op fused_add_rms_norm --shapes 32768x4096
-    python benchmarks/bench_rms_norm.py --cuda-graphs --also other_ops --json bench.json
+    python benchmarks/bench_rms_norm.py --op fused_add_rms_norm --cuda-graphs --also other_ops
     python benchmarks/bench_rms_norm.py --device cpu --quick --plot bench.png  # a smoke test
-"""
+
+RMSNorm is memory-bound, so each time is also given as a fraction of x.clone()'s bandwidth in the
+same run. On CUDA a time is triton.testing.do_bench's median (L2 flushed before each call) of the
+call, or of its replays from a CUDA graph; --decode takes a wall clock: at its sizes a call costs
+what the host takes to issue it. Each implementation is first checked against the reference."""
 
 import argparse
 import gc
@@ -22,31 +18,27 @@ import time
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 
 from {{ cookiecutter.package_name }}.fused_add_rms_norm import fused_add_rms_norm_reference
 from {{ cookiecutter.package_name }}.rms_norm import rms_norm_reference
 
-PACKAGE = "{{ cookiecutter.package_name }}"
-EPS = 1e-6
+PACKAGE, EPS = "{{ cookiecutter.package_name }}", 1e-6
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GRID = [(m, n) for m in (4096, 8192, 32768, 65536) for n in (1024, 2048, 4096, 8192, 16384)]
 QUICK = [(256, 1024), (1024, 4096)]
 DECODE = [(m, 4096) for m in (1, 8, 32, 256)]
 # Per op: its reference, and per mode the bytes it must move in units of M*N elements (weight,
-# rstd and dw are O(M) or O(N)). rms_norm: fwd reads x, writes y; bwd reads x and dy, writes dx.
-# fused_add_rms_norm, residual in x's dtype: fwd reads x and residual, writes y and h = x +
-# residual; bwd reads h, dy and h's gradient, writes dh, the gradient of both x and residual.
-# fused_add_rms_norm_ moves what its fwd does, writing y over x and h over residual; no backward.
+# rstd and dw are O(M) or O(N)): fwd reads x (and residual), writes y (and h = x + residual); bwd
+# reads x or h, dy (and h's gradient), writes dx or dh, the gradient of both x and residual.
 OPS = {
     "rms_norm": (rms_norm_reference, {"fwd": 2, "fwd+bwd": 5}),
     "fused_add_rms_norm": (fused_add_rms_norm_reference, {"fwd": 4, "fwd+bwd": 8}),
-    "fused_add_rms_norm_": (fused_add_rms_norm_reference, {"fwd": 4}),
+    "fused_add_rms_norm_": (fused_add_rms_norm_reference, {"fwd": 4}),  # y over x, h over residual
 }
 
 
 def torch_rms_norm(x, w, eps):
-    return F.rms_norm(x, x.shape[-1:], w, eps)
+    return torch.nn.functional.rms_norm(x, x.shape[-1:], w, eps)
 
 
 def torch_add_rms_norm(x, residual, w, eps):
@@ -75,13 +67,11 @@ def implementations(op: str, device: str, also: list[str]) -> dict:
     if device != "cuda":
         print("note: Liger not measured: its kernels run on CUDA only", file=sys.stderr)
         return impls
-    try:  # not installed, too old, or not importable with this torch or Triton
+    try:  # in_place=False: Liger otherwise writes dx over dy, which every timed backward reuses
         liger = importlib.import_module("liger_kernel.transformers.functional")
-        liger_fn = getattr(liger, f"liger_{op}")  # liger_rms_norm or liger_fused_add_rms_norm
-    except Exception as e:
+        impls["Liger"] = partial(getattr(liger, f"liger_{op}"), in_place=False)
+    except Exception as e:  # not installed, too old, or not importable with this torch or Triton
         print(f"note: Liger not measured ({e!r}); pip install liger-kernel", file=sys.stderr)
-    else:  # in_place=False: Liger otherwise writes dx over dy, which every timed backward reuses
-        impls["Liger"] = partial(liger_fn, in_place=False)
     return impls
 
 
@@ -93,7 +83,6 @@ def run(fn, inputs, grads=None) -> list[torch.Tensor]:
 
 
 def check(fn, inputs, grads, want) -> None:
-    """Raises if fn's outputs or gradients differ from the reference's (want)."""
     copies = [t.clone().requires_grad_(grads is not None) for t in inputs]  # fn may write over
     tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}[inputs[0].dtype]
     for i, (g, w) in enumerate(zip(run(fn, copies, grads), want, strict=True)):
@@ -103,7 +92,6 @@ def check(fn, inputs, grads, want) -> None:
 
 
 def wall_clock_ms(fn, sync, min_ms: float = 50.0) -> float:
-    """Mean time of back-to-back calls, from a synchronized start to a synchronized end."""
     fn()
     sync()
     calls, start = 0, time.perf_counter()
@@ -115,12 +103,10 @@ def wall_clock_ms(fn, sync, min_ms: float = 50.0) -> float:
 
 
 def graph_ms(fn, time_ms) -> float:
-    """time_ms of the replays of one call captured in a CUDA graph: its kernels alone."""
-    stream = torch.cuda.Stream()  # not the default stream, which capture cannot use
+    stream, graph = torch.cuda.Stream(), torch.cuda.CUDAGraph()  # capture needs a side stream
     with torch.cuda.stream(stream):
         for _ in range(3):  # compilation, autotuning and allocator growth come before capture
             fn()
-        graph = torch.cuda.CUDAGraph()
         gc.disable()  # a Triton kernel that gc finalizes during capture would unload its module
         try:
             with torch.cuda.graph(graph, stream=stream):
@@ -141,8 +127,7 @@ def bench_shape(args, shape, impls, time_ms, time_copy) -> list[dict]:
     want = run(reference, [t.clone().requires_grad_(grads is not None) for t in base], grads)
     cells = {("copy", "copy"): [time_copy(x.clone) for _ in range(args.runs)]}
     for name, fn in impls.items():
-        # Its own inputs: evict-last lines of x another left in L2 may outlive a flush, and help it.
-        inputs = [t.clone() for t in base]
+        inputs = [t.clone() for t in base]  # its own: x's evict-last lines may outlive a flush
         leaves = [t.detach().requires_grad_() for t in inputs]
         calls = {"fwd": partial(fn, *inputs, EPS), "fwd+bwd": partial(run, fn, leaves, grads)}
         try:
@@ -170,32 +155,26 @@ def table(rows, modes, unit: str) -> str:
     scale, digits = (1e3, 1) if unit == "us" else (1.0, 4)
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     width = max(15, *map(len, impls))
-    lines = [f"{'M x N':>12} {'mode':<8}" + "".join(f" | {i.rjust(width)}" for i in impls)]
-    lines.append(" " * 21 + f" | {(unit + '  /copy').rjust(width)}" * len(impls))
-    for m, n in dict.fromkeys((r["M"], r["N"]) for r in rows):
-        at = {(r["impl"], r["mode"]): r for r in rows if (r["M"], r["N"]) == (m, n)}
-        for mode in modes:
-            line = f"{f'{m}x{n}':>12} {mode:<8}"
-            for r in (at.get((impl, mode)) or at[impl, "copy"] for impl in impls):
-                ms, frac = r["ms"], r["fraction_of_copy"]
-                cell = r["status"][:width] if ms is None else f"{ms * scale:.{digits}f} {frac:6.2f}"
-                line += f" | {cell.rjust(width)}"
-            lines.append(line)
-    failed = dict.fromkeys((r["impl"], r["mode"], r["status"]) for r in rows if r["ms"] is None)
-    return "\n".join(lines + [f"{impl} {mode}: {status}" for impl, mode, status in failed])
+    lines = {f"{'M x N':>12} {'mode':<8}": impls, " " * 21: [f"{unit}  /copy"] * len(impls)}
+    for r in rows:  # a cell on the line of its shape and mode; the copy's, on each mode's line
+        ms, frac = r["ms"], r["fraction_of_copy"]
+        cell = r["status"][:width] if ms is None else f"{ms * scale:.{digits}f} {frac:6.2f}"
+        for mode in modes if r["impl"] == "copy" else [r["mode"]]:
+            lines.setdefault(f"{r['M']}x{r['N']}".rjust(12) + f" {mode:<8}", []).append(cell)
+    text = [head + "".join(f" | {c.rjust(width)}" for c in cells) for head, cells in lines.items()]
+    failed = [f"{r['impl']} {r['mode']}: {r['status']}" for r in rows if r["ms"] is None]
+    return "\n".join([*text, *dict.fromkeys(failed)])
 
 
-def plot(rows, path: str, title: str) -> None:
+def plot(rows, modes, path: str, title: str) -> None:
     from matplotlib.figure import Figure  # not pyplot: a file, with no window to show
 
     shapes = list(dict.fromkeys((r["M"], r["N"]) for r in rows))
-    modes = list(dict.fromkeys(r["mode"] for r in rows if r["impl"] != "copy"))
     fig = Figure(figsize=(max(5 * len(modes), 0.9 * len(shapes)), 4.5), layout="tight")
     for ax, mode in zip(fig.subplots(1, len(modes), squeeze=False)[0], modes, strict=True):
         for impl in dict.fromkeys(r["impl"] for r in rows if r["mode"] == mode):
-            at = {(r["M"], r["N"]): r for r in rows if (r["impl"], r["mode"]) == (impl, mode)}
-            ys = [at[s]["fraction_of_copy"] or float("nan") for s in shapes]
-            ax.plot(range(len(shapes)), ys, marker="o", label=impl)
+            ys = [r["fraction_of_copy"] for r in rows if (r["impl"], r["mode"]) == (impl, mode)]
+            ax.plot(range(len(shapes)), [y or float("nan") for y in ys], marker="o", label=impl)
         ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)  # the copy's bandwidth
         ax.set(title=mode, xlabel="M x N", ylabel="fraction of copy bandwidth", ylim=(0, None))
         ax.set_xticks(range(len(shapes)), [f"{m}x{n}" for m, n in shapes], rotation=60)
@@ -232,14 +211,12 @@ def main(argv=None) -> list[dict]:
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # before the timing
         parser.error("--plot needs matplotlib: pip install matplotlib")
     impls = implementations(args.op, args.device, args.also)
-    if args.impls:
-        if unknown := set(args.impls) - {*impls, "Liger"}:
-            parser.error(f"--impls: unknown {sorted(unknown)}; choose from {list(impls)}")
-        impls = {name: fn for name, fn in impls.items() if name in args.impls}
-    if args.device == "cuda" and not args.decode:
-        import triton.testing  # here, not at the top: CPU-only installs may lack Triton
-
-        time_copy = partial(triton.testing.do_bench, return_mode="median")
+    if unknown := set(args.impls or []) - {*impls, "Liger"}:
+        parser.error(f"--impls: unknown {sorted(unknown)}; choose from {list(impls)}")
+    impls = {name: fn for name, fn in impls.items() if name in (args.impls or impls)}
+    if args.device == "cuda" and not args.decode:  # Triton here: CPU-only installs may lack it
+        do_bench = importlib.import_module("triton.testing").do_bench
+        time_copy = partial(do_bench, return_mode="median")
     else:
         time_copy = partial(wall_clock_ms, sync=torch.get_device_module(args.device).synchronize)
     # The copy stays eager: captured, a clone becomes a memcpy node, slower than its eager kernel.
@@ -265,7 +242,7 @@ def main(argv=None) -> list[dict]:
         with open(args.json, "w") as f:
             json.dump({"title": title, "rows": rows}, f, indent=1)
     if args.plot:
-        plot(rows, args.plot, title)
+        plot(rows, OPS[args.op][1], args.plot, title)
     return rows
 
 
