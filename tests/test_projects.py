@@ -96,6 +96,12 @@ def add_gemma_norm(project, variant):
         )
     else:
         patch(op, "dy * weight.to(ct)", "dy * (1 + weight.to(ct))")
+        # The Triton kernels get 1 + weight as their weight; dw = sum(dy * x_hat) is unchanged.
+        patch(
+            pkg / "my_norm_kernels.py",
+            "weight = weight.contiguous() if weight is not None else None",
+            "weight = (1 + weight).contiguous() if weight is not None else None",
+        )
     # Its tests: against the new reference, so a kernel that kept rms_norm's math fails them.
     test = project / "tests" / "test_my_norm.py"
     assert "my_norm_reference" in test.read_text()
@@ -161,13 +167,15 @@ def test_rendered_project_with_an_added_op_lints_and_passes_its_readme_commands(
     # The README's "Use" example runs as written in the environment its commands made.
     python = project / ".venv" / "bin" / "python"
     subprocess.run([python, "-c", readme_use_code(project)], cwd=project, check=True)
-    # The new op's tests ran and passed: values, gradients, opcheck, torch.compile.
+    # The new op's tests ran and passed: values, gradients, opcheck, torch.compile, and in Triton
+    # its kernels, through the interpreter, against the new reference.
     ran = re.findall(r"^PASSED tests/test_my_norm\.py::(\S+)", output, re.M)
     for name in (
         "test_gradcheck",
         "test_opcheck_fwd",
         "test_opcheck_bwd",
         "test_compile_fullgraph",
+        *(["test_kernels"] if variant == "triton" else []),
     ):
         assert any(t.startswith(name) for t in ran), name
     # What is skipped is the CUDA half of the suite, summed up in one line.

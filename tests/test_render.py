@@ -29,6 +29,7 @@ COMMON = {
     "tests/test_rms_norm.py",
     "tests/test_edge_cases.py",
     "tests/test_fused_add_rms_norm.py",
+    "tests/test_nn.py",
     "tests/test_export.py",
     "tests/test_hidden_sizes.py",
     "tests/test_benchmark.py",
@@ -59,7 +60,6 @@ ONLY = {
         "src/{pkg}/blocks.py",
         "src/{pkg}/rms_norm_kernels.py",
         "src/{pkg}/fused_add_rms_norm_kernels.py",
-        "tests/test_kernels.py",
     },
 }
 JINJA = re.compile(r"\{\{|\}\}|\{%|%\}|\{#|cookiecutter")

@@ -7,12 +7,21 @@ import pytest
 import torch
 from torch.library import opcheck
 
+{% if cookiecutter.variant == 'triton' -%}
+from {{ cookiecutter.package_name }} import (
+    fused_add_rms_norm,
+    fused_add_rms_norm_,
+    fused_add_rms_norm_kernels,
+    rms_norm,
+)
+{% else -%}
 from {{ cookiecutter.package_name }} import fused_add_rms_norm, fused_add_rms_norm_, rms_norm
+{% endif -%}
 from {{ cookiecutter.package_name }}.fused_add_rms_norm import fused_add_rms_norm_reference
 
 OPS = torch.ops.{{ cookiecutter.package_name }}
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-# (3, 16389): rows too wide for registers, the looped kernels.
+# (3, 16389): rows too wide to be held in registers.
 SHAPES = [(1, 7), (3, 4096), (5, 8193), (3, 16389), (2, 3, 96), (65, 128)]
 # Shapes the CUDA kernels launch differently (see test_few_and_many_rows).
 GPU_SHAPES = [(1, 4096), (256, 4096), (4096, 4096), (8192, 1024), (4096, 1024), (2000, 127)]
@@ -337,3 +346,35 @@ def test_calls_it_cannot_do_in_place_are_clear_errors(checked_device):
         for a, b in ((x, x), (buffer[:4], buffer[2:])):
             with pytest.raises(ValueError, match="x and residual must not overlap in memory"):
                 fused_add_rms_norm_(a, b, w)
+{%- if cookiecutter.variant == 'triton' %}
+
+
+# The Triton kernels called directly, as in test_rms_norm.py: without a GPU, through Triton's
+# interpreter, since the ops send CPU tensors to the reference.
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+KERNEL_SHAPES = [(0, 64), (1, 7), (5, 1000), (3, 4097), (2, 20000)]
+
+
+@pytest.mark.parametrize("shape", KERNEL_SHAPES, ids=str)
+@pytest.mark.parametrize("dtypes", [(torch.float32,) * 2, (torch.bfloat16, torch.float32)], ids=str)
+@pytest.mark.parametrize("grad_h", [True, False], ids=["grad_h", "no_grad_h"])
+def test_kernels(shape, dtypes, grad_h):
+    x, r, w = inputs(shape, dtypes, KERNEL_DEVICE)
+    dy, dh = torch.randn_like(x), torch.randn_like(r) if grad_h else None
+    x64, r64, w64 = (t.double().requires_grad_() for t in (x, r, w))
+    want_y, want_h = fused_add_rms_norm_reference(x64, r64, w64)
+    grads = [dy.double(), torch.zeros_like(want_h) if dh is None else dh.double()]
+    torch.autograd.backward([want_y, want_h], grads)
+
+    y, h, rstd = fused_add_rms_norm_kernels.fused_add_rms_norm_fwd(x, r, w, 1e-6, with_rstd=True)
+    tol_h, tol = TOL[dtypes[1]], TOL[dtypes[0]]
+    torch.testing.assert_close(h.double(), want_h, atol=tol_h, rtol=tol_h)
+    torch.testing.assert_close(y.double(), want_y, atol=tol, rtol=tol)
+    grad_h, dw = fused_add_rms_norm_kernels.fused_add_rms_norm_bwd(dy, dh, h, rstd, w)
+    assert grad_h.dtype == r.dtype
+    torch.testing.assert_close(grad_h.double(), r64.grad, atol=tol, rtol=tol)
+    # x's gradient is the same tensor, as autograd rounds it to x's dtype.
+    torch.testing.assert_close(grad_h.to(x.dtype).double(), x64.grad, atol=tol, rtol=tol)
+    rows = max(shape[0], 1)
+    torch.testing.assert_close(dw.double(), w64.grad, atol=tol * rows**0.5, rtol=tol)
+{%- endif %}

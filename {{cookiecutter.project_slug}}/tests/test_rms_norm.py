@@ -5,9 +5,12 @@ Every test runs on CPU, and on CUDA when a GPU is present (skipped, with the rea
 
 import pytest
 import torch
+{%- if cookiecutter.variant == 'triton' %}
+from torch._inductor.utils import run_and_get_code
+{%- endif %}
 from torch.library import opcheck
 
-from {{ cookiecutter.package_name }} import RMSNorm, rms_norm
+from {{ cookiecutter.package_name }} import rms_norm{% if cookiecutter.variant == 'triton' %}, rms_norm_kernels{% endif %}
 from {{ cookiecutter.package_name }}.rms_norm import rms_norm_reference
 
 OPS = torch.ops.{{ cookiecutter.package_name }}
@@ -25,6 +28,7 @@ GPU_SHAPES = [
     (20000, 2048),
     (8192, 4096),
     (300, 8192),
+    (64, 20000),
     (2000, 127),
 ]
 WEIGHTS = ["none", "same", "float32"]
@@ -72,11 +76,11 @@ def test_backward(device, shape, dtype, weight):
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_few_and_many_rows(shape, dtype):
-    """A GPU kernel may launch a few rows (decode sizes), many rows, a grid just over one wave
-    of blocks (8192x1024), rows within a warp in one wave (4096x1024; 2000x127 with
-    single-element loads), short rows over several waves (20000x2048), rows read twice
-    (8192x4096) and wide rows (300x8192; with a 16-bit weight too) differently: all against
-    float64."""
+    """The GPU kernels launch differently for a few rows (decode sizes), many rows, a grid just
+    over one wave of blocks (8192x1024), short rows several to a block (4096x1024) and over
+    several waves (20000x2048), wide rows held in registers (300x8192), rows too wide for them
+    (64x20000) and rows of an odd width (2000x127): all against float64, with a float32 and a
+    16-bit weight."""
     check_forward("cuda", shape, dtype, "float32")
     check_forward("cuda", shape, dtype, "same")
     check_backward("cuda", shape, dtype, "same")
@@ -259,33 +263,53 @@ def test_no_graph_breaks(device):
     explanation = torch._dynamo.explain(loss_fn)(x, w)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1
+{%- if cookiecutter.variant == 'triton' %}
 
 
-def test_module_has_no_graph_breaks(device):
-    # eps=None resolves to a machine epsilon inside forward: a constant to torch.compile.
-    norm = RMSNorm(64, device=device)
-    explanation = torch._dynamo.explain(norm)(torch.randn(6, 64, device=device))
-    assert explanation.graph_break_count == 0, explanation.break_reasons
+# The Triton kernels called directly. On CPU tensors the ops take the reference, so without a GPU
+# these are the tests that run the kernels (through Triton's interpreter: see conftest.py).
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Short rows several to a program, rows held in registers, rows too wide for them (looped).
+KERNEL_SHAPES = [(0, 64), (1, 7), (5, 1000), (3, 4097), (2, 20000)]
 
 
-def test_module_matches_torch_rmsnorm(device):
-    ours = RMSNorm(64, eps=1e-6, device=device)
-    theirs = torch.nn.RMSNorm(64, eps=1e-6, device=device)
-    with torch.no_grad():
-        theirs.weight.uniform_(0.5, 1.5)
-    ours.load_state_dict(theirs.state_dict())
-    assert ours.state_dict().keys() == theirs.state_dict().keys()
-    x = torch.randn(3, 5, 64, device=device)
-    torch.testing.assert_close(ours(x), theirs(x))
-    no_affine = RMSNorm(64, elementwise_affine=False)
-    assert no_affine.weight is None and not no_affine.state_dict()
-
-
+@pytest.mark.parametrize("shape", KERNEL_SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
-def test_module_default_eps_matches_torch_rmsnorm(device, dtype):
-    # eps=None is a machine epsilon, as in torch.nn.RMSNorm: rows this small show which one.
-    x = 1e-2 * torch.randn(3, 64, device=device, dtype=dtype)
-    ours = RMSNorm(64, device=device, dtype=dtype)
-    theirs = torch.nn.RMSNorm(64, device=device, dtype=dtype)
-    assert ours.eps is None and theirs.eps is None
-    torch.testing.assert_close(ours(x), theirs(x))
+@pytest.mark.parametrize("weight", [True, False], ids=["weight", "no_weight"])
+def test_kernels(shape, dtype, weight):
+    x = torch.randn(shape, dtype=dtype, device=KERNEL_DEVICE)
+    w = torch.randn(shape[-1], device=KERNEL_DEVICE) if weight else None
+    dy = torch.randn_like(x)
+    x64 = x.double().requires_grad_()
+    w64 = None if w is None else w.double().requires_grad_()
+    want = rms_norm_reference(x64, w64)
+    want.backward(dy.double())
+
+    y, rstd = rms_norm_kernels.rms_norm_fwd(x, w, 1e-6, with_rstd=True)
+    assert_close(y, want, dtype)
+    assert_close(rstd, torch.rsqrt(x.double().square().mean(-1) + 1e-6), torch.float32)
+    y_only, no_rstd = rms_norm_kernels.rms_norm_fwd(x, w, 1e-6, with_rstd=False)
+    assert no_rstd is None and torch.equal(y_only, y)
+    dx, dw = rms_norm_kernels.rms_norm_bwd(dy, x, rstd, w)
+    assert_close(dx, x64.grad, dtype)
+    if w is None:
+        assert dw.shape == (0,)
+    else:  # a sum over rows: its error grows with their number
+        tol = TOL[w.dtype] * max(shape[0], 1) ** 0.5
+        assert dw.dtype == w.dtype
+        torch.testing.assert_close(dw.double(), w64.grad, atol=tol, rtol=tol)
+
+
+@pytest.mark.cuda
+def test_compiled_code_runs_the_kernels():
+    """triton_op + wrap_triton: Inductor's generated code launches this op's own Triton kernels,
+    not an opaque call into Python."""
+    x = torch.randn(64, 1024, device="cuda", requires_grad=True)
+    w = torch.randn(1024, device="cuda", requires_grad=True)
+    compiled = torch.compile(lambda x, w: rms_norm(x, w).sum(), fullgraph=True)
+    _, codes = run_and_get_code(lambda: compiled(x, w).backward())
+    code = "\n".join(codes)
+    kernels = [name for name in dir(rms_norm_kernels) if name.endswith("_kernel")]
+    assert kernels and all(name in code for name in kernels), kernels
+    assert "{{ cookiecutter.package_name }}.rms_norm_fwd" not in code
+{%- endif %}
