@@ -1,4 +1,4 @@
-"""Developer commands: the one list that CI, the README and the template's tests all call.
+"""Developer commands: the one list that CI and the README call.
 
     nox -s lint           ruff check and ruff format --check{% if cookiecutter.variant == "cpp" %}, clang-format on csrc/{% endif %}
     nox -s tests          install with the documented command into a fresh env, run pytest
@@ -35,7 +35,7 @@ def install_torch(session: nox.Session, default_index: str) -> None:
 
 
 def install_project(session: nox.Session) -> None:
-    # The documented command; the build uses the torch already in the environment.
+    # The documented command; the build uses the {% if cookiecutter.variant == 'cpp' %}torch{% else %}setuptools{% endif %} already in the environment.
     session.install(*BUILD_DEPS)
     session.install("--no-build-isolation", "-e", ".[test]")
 
