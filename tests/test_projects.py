@@ -27,7 +27,7 @@ NOX_ENV = {
 }
 # A CUDA build of torch for the cpp variant's CUDA compile (e.g. "torch==2.14.1"); needs nvcc.
 CUDA_TORCH = os.environ.get("TEMPLATE_CUDA_TORCH")
-# The README's `python` (and the guide's `ruff`): those of the environment running these tests.
+# The README's `python` (and the guide's `nox`): those of the environment running these tests.
 PATH = f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}"
 # What a fresh 2-core machine may take from rendering to green tests, torch's download excluded
 # (where the index is unreachable, pip installs the torch wheel from this machine's disk).

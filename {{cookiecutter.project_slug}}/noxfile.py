@@ -1,6 +1,7 @@
 """Developer commands: the one list that CI and the README call.
 
     nox -s lint           ruff check and ruff format --check{% if cookiecutter.variant == "cpp" %}, clang-format on csrc/{% endif %}
+    nox -s format         format the code as lint wants it (same tools, same versions)
     nox -s tests          install with the documented command into a fresh env, run pytest
     nox -s benchmark      the benchmark (options after --)
     nox -s build          sdist and wheel into dist/
@@ -49,6 +50,15 @@ def pinned(session: nox.Session, repo: str) -> str:
     return match.group(1)
 
 
+{%- if cookiecutter.variant == "cpp" %}
+
+
+def csrc_files() -> list[str]:
+    suffixes = {".cpp", ".h", ".cu", ".cuh"}
+    return sorted(str(p) for p in Path("csrc").rglob("*") if p.suffix in suffixes)
+{%- endif %}
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install(f"ruff=={pinned(session, 'ruff-pre-commit')}")
@@ -56,9 +66,18 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 {%- if cookiecutter.variant == "cpp" %}
     session.install(f"clang-format=={pinned(session, 'mirrors-clang-format')}")
-    suffixes = {".cpp", ".h", ".cu", ".cuh"}
-    sources = sorted(str(p) for p in Path("csrc").rglob("*") if p.suffix in suffixes)
-    session.run("clang-format", "--dry-run", "-Werror", *sources)
+    session.run("clang-format", "--dry-run", "-Werror", *csrc_files())
+{%- endif %}
+
+
+@nox.session(name="format")
+def format_code(session: nox.Session) -> None:
+    session.install(f"ruff=={pinned(session, 'ruff-pre-commit')}")
+    session.run("ruff", "check", "--select", "I", "--fix", ".")  # import order
+    session.run("ruff", "format", ".")
+{%- if cookiecutter.variant == "cpp" %}
+    session.install(f"clang-format=={pinned(session, 'mirrors-clang-format')}")
+    session.run("clang-format", "-i", *csrc_files())
 {%- endif %}
 
 
