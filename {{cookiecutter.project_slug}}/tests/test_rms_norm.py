@@ -278,7 +278,8 @@ KERNEL_SHAPES = [(0, 64), (1, 7), (5, 1000), (3, 4097), (2, 20000)]
 @pytest.mark.parametrize("weight", [True, False], ids=["weight", "no_weight"])
 def test_kernels(shape, dtype, weight):
     x = torch.randn(shape, dtype=dtype, device=KERNEL_DEVICE)
-    w = torch.randn(shape[-1], device=KERNEL_DEVICE) if weight else None
+    w_dtype = torch.float64 if dtype == torch.float64 else torch.float32  # the math's dtype
+    w = torch.randn(shape[-1], dtype=w_dtype, device=KERNEL_DEVICE) if weight else None
     dy = torch.randn_like(x)
     x64 = x.double().requires_grad_()
     w64 = None if w is None else w.double().requires_grad_()
