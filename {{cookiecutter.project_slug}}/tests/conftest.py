@@ -50,6 +50,17 @@ def checked_device(request):
     return request.param
 
 
+{%- if cookiecutter.variant == "triton" %}
+
+
+@pytest.fixture
+def kernel_device():
+    """Where tests that call the Triton kernels directly run them: the GPU, or without one the CPU
+    through the interpreter (the ops themselves send CPU tensors to the reference)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+{%- endif %}
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

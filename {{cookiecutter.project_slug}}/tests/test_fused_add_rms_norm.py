@@ -349,17 +349,15 @@ def test_calls_it_cannot_do_in_place_are_clear_errors(checked_device):
 {%- if cookiecutter.variant == 'triton' %}
 
 
-# The Triton kernels called directly, as in test_rms_norm.py: without a GPU, through Triton's
-# interpreter, since the ops send CPU tensors to the reference.
-KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The Triton kernels called directly, as in test_rms_norm.py.
 KERNEL_SHAPES = [(0, 64), (1, 7), (5, 1000), (3, 4097), (2, 20000)]
 
 
 @pytest.mark.parametrize("shape", KERNEL_SHAPES, ids=str)
 @pytest.mark.parametrize("dtypes", [(torch.float32,) * 2, (torch.bfloat16, torch.float32)], ids=str)
 @pytest.mark.parametrize("grad_h", [True, False], ids=["grad_h", "no_grad_h"])
-def test_kernels(shape, dtypes, grad_h):
-    x, r, w = inputs(shape, dtypes, KERNEL_DEVICE)
+def test_kernels(kernel_device, shape, dtypes, grad_h):
+    x, r, w = inputs(shape, dtypes, kernel_device)
     dy, dh = torch.randn_like(x), torch.randn_like(r) if grad_h else None
     x64, r64, w64 = (t.double().requires_grad_() for t in (x, r, w))
     want_y, want_h = fused_add_rms_norm_reference(x64, r64, w64)

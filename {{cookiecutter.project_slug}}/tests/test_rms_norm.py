@@ -266,20 +266,19 @@ def test_no_graph_breaks(device):
 {%- if cookiecutter.variant == 'triton' %}
 
 
-# The Triton kernels called directly. On CPU tensors the ops take the reference, so without a GPU
-# these are the tests that run the kernels (through Triton's interpreter: see conftest.py).
-KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# Short rows several to a program, rows held in registers, rows too wide for them (looped).
+# The Triton kernels called directly: without a GPU, these are the tests that run them (see
+# kernel_device in conftest.py). Short rows several to a program, rows held in registers, rows
+# too wide for them (looped).
 KERNEL_SHAPES = [(0, 64), (1, 7), (5, 1000), (3, 4097), (2, 20000)]
 
 
 @pytest.mark.parametrize("shape", KERNEL_SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 @pytest.mark.parametrize("weight", [True, False], ids=["weight", "no_weight"])
-def test_kernels(shape, dtype, weight):
-    x = torch.randn(shape, dtype=dtype, device=KERNEL_DEVICE)
+def test_kernels(kernel_device, shape, dtype, weight):
+    x = torch.randn(shape, dtype=dtype, device=kernel_device)
     w_dtype = torch.float64 if dtype == torch.float64 else torch.float32  # the math's dtype
-    w = torch.randn(shape[-1], dtype=w_dtype, device=KERNEL_DEVICE) if weight else None
+    w = torch.randn(shape[-1], dtype=w_dtype, device=kernel_device) if weight else None
     dy = torch.randn_like(x)
     x64 = x.double().requires_grad_()
     w64 = None if w is None else w.double().requires_grad_()
