@@ -17,6 +17,8 @@ MODEL_SIZES = [768, 1024, 2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192, 11008,
 MODEL_SIZES += [14336, 16384, 18432, 28672]
 # One element either side of the sizes where the kernels change how they hold a row.
 ODD_SIZES = [n + d for n in (1024, 2048, 4096, 8192, 16384, 32768, 65536) for d in (-1, 1)]
+# Rows that start 2, 4 or 8 elements aligned: loads narrower than 16 bytes, or single elements.
+ALIGN_SIZES = [4098, 4100, 4104, 18436]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -72,7 +74,7 @@ def check_size(n: int) -> None:
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("n", sorted(set(MODEL_SIZES + ODD_SIZES)))
+@pytest.mark.parametrize("n", sorted(set(MODEL_SIZES + ODD_SIZES + ALIGN_SIZES)))
 def test_hidden_size_in_a_fresh_process(n):
     run = subprocess.run(
         [sys.executable, __file__, str(n)], capture_output=True, text=True, timeout=600
