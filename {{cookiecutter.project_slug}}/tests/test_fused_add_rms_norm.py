@@ -24,7 +24,8 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 # (3, 16389): rows too wide to be held in registers.
 SHAPES = [(1, 7), (3, 4096), (5, 8193), (3, 16389), (2, 3, 96), (65, 128)]
 # Shapes the CUDA kernels launch differently (see test_few_and_many_rows).
-GPU_SHAPES = [(1, 4096), (256, 4096), (4096, 4096), (8192, 1024), (4096, 1024), (2000, 127)]
+GPU_SHAPES = [(1, 4096), (256, 4096), (4096, 4096), (8192, 1024), (4096, 1024)]
+GPU_SHAPES += [(300, 4100), (2000, 127)]  # rows read in 8-byte vectors, and one element at a time
 # (x dtype, residual dtype): the residual stream is often kept in float32.
 DTYPES = [
     (torch.float32, torch.float32),
