@@ -10,7 +10,8 @@
 {%- endif %}
 
 Which torch the sessions install: TORCH_SPEC (default "torch") from TORCH_INDEX_URL (default
-PyTorch's CPU wheel index; set it empty to use your pip configuration).
+PyTorch's CPU wheel index{% if cookiecutter.variant == "cpp" %}, its CUDA 13.0 one for cuda_build{% endif %}; set it empty to use your pip
+configuration).
 """
 
 import os

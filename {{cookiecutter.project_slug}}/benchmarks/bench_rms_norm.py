@@ -127,7 +127,7 @@ def bench_shape(args, shape, impls, time_ms, time_copy) -> list[dict]:
     want = run(reference, [t.clone().requires_grad_(grads is not None) for t in base], grads)
     cells = {("copy", "copy"): [time_copy(x.clone) for _ in range(args.runs)]}
     for name, fn in impls.items():
-        inputs = [t.clone() for t in base]  # its own: x's evict-last lines may outlive a flush
+        inputs = [t.clone() for t in base]  # its own: an in-place op writes over its inputs
         leaves = [t.detach().requires_grad_() for t in inputs]
         calls = {"fwd": partial(fn, *inputs, EPS), "fwd+bwd": partial(run, fn, leaves, grads)}
         try:

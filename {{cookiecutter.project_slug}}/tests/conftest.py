@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
 {%- endif %}
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
-CUDA_SKIPPED = pytest.StashKey[int]()
+NO_CUDA = "CUDA is not available"
 
 
 def pytest_configure(config):
@@ -23,19 +23,18 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="CUDA is not available")
-    skipped = [item for item in items if item.get_closest_marker("cuda")]
-    for item in skipped:
-        item.add_marker(skip)
-    config.stash[CUDA_SKIPPED] = len(skipped)
+    for item in items:
+        if item.get_closest_marker("cuda"):
+            item.add_marker(pytest.mark.skip(reason=NO_CUDA))
 
 
-def pytest_terminal_summary(terminalreporter, config):
-    # One line for the whole CUDA half of the suite, instead of a line per test.
-    if config.stash.get(CUDA_SKIPPED, 0):
-        terminalreporter.write_line(
-            f"{config.stash[CUDA_SKIPPED]} tests skipped: they need a GPU and CUDA is not available"
-        )
+def pytest_terminal_summary(terminalreporter):
+    # One line for the whole CUDA half of the suite, instead of a line per test. Counted from the
+    # test reports, which reach this process also when pytest-xdist's workers ran the tests.
+    skipped = terminalreporter.stats.get("skipped", [])
+    count = sum(NO_CUDA in str(report.longrepr) for report in skipped)
+    if count:
+        terminalreporter.write_line(f"{count} tests skipped: they need a GPU and {NO_CUDA}")
 
 
 @pytest.fixture(params=DEVICES)

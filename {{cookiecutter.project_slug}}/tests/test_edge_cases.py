@@ -64,9 +64,16 @@ def test_bad_backward_input_is_a_clear_error(checked_device, kwargs, error, matc
         torch.ops.{{ cookiecutter.package_name }}.rms_norm_bwd(*args)
 
 
-@pytest.mark.parametrize("eps", ["1e-6x", None, torch.ones(2)])
-def test_bad_eps_is_a_clear_error(checked_device, eps):
-    with pytest.raises(TypeError, match="eps must be a float, got"):
+@pytest.mark.parametrize(
+    "eps,error,match",
+    [
+        *[(eps, TypeError, "eps must be a float") for eps in ("1e-6", None, True, torch.ones(2))],
+        *[(eps, ValueError, "eps must be >= 0") for eps in (-1e-6, float("nan"))],
+    ],
+    ids=str,
+)
+def test_bad_eps_is_a_clear_error(checked_device, eps, error, match):
+    with pytest.raises(error, match=match):
         rms_norm(torch.ones(4, 8, device=checked_device), None, eps)
 
 
@@ -140,8 +147,7 @@ def test_very_wide_rows(device):
     ],
 )
 def test_large_input(dtype, n):
-    # 512 MiB of x: from there on the kernels take every launch they have for large inputs (some
-    # from 64, 128 or 256 MiB), here rows that take different launches.
+    # 512 MiB of x, in rows of widths that take different launches.
     m = (512 << 20) // (n * dtype.itemsize) + 3
     x = torch.randn(m, n, device="cuda", dtype=dtype)
     w = 1 + 0.1 * torch.randn(n, device="cuda", dtype=dtype)

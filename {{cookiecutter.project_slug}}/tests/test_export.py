@@ -16,14 +16,20 @@ HIDDEN = 64
 BATCH_DIM = {0: torch.export.Dim("batch")}  # dimension 0 of an input: the batch, of any size
 DYNAMIC_SHAPES = {"x": BATCH_DIM, "residual": BATCH_DIM}
 
-# Run by a fresh Python after {load_ops}: loads the AOTInductor package (argv[1]) and checks it
-# against the inputs and eager outputs that the test saved (argv[2]).
+{% if cookiecutter.variant == 'cpp' -%}
+# Run by a fresh Python after load_ops (a line that registers the ops, or none): loads the
+# AOTInductor package (argv[1]) and checks it against the inputs and eager outputs that the test
+# saved (argv[2]).
+{%- else -%}
+# Run by a fresh Python: loads the AOTInductor package (argv[1]) and checks it against the inputs
+# and eager outputs that the test saved (argv[2]).
+{%- endif %}
 RUN_PACKAGE = """
 import sys
 
 import torch
-{load_ops}
-package = torch._inductor.aoti_load_package(sys.argv[1])
+{% if cookiecutter.variant == 'cpp' %}{load_ops}
+{% endif %}package = torch._inductor.aoti_load_package(sys.argv[1])
 inputs, expected = torch.load(sys.argv[2])
 torch.testing.assert_close(package(*inputs), expected)
 assert {project!r} not in sys.modules, "the package needs no Python code of the project"
@@ -98,8 +104,8 @@ def compile_package(device, tmp_path):
     return package, data
 
 
-def run_package(package, data, load_ops=""):
-    code = RUN_PACKAGE.format(load_ops=load_ops, project=OPS.name)
+def run_package(package, data{% if cookiecutter.variant == 'cpp' %}, load_ops=""{% endif %}):
+    code = RUN_PACKAGE.format({% if cookiecutter.variant == 'cpp' %}load_ops=load_ops, {% endif %}project=OPS.name)
     return subprocess.run(
         [sys.executable, "-c", code, package, data], capture_output=True, text=True
     )

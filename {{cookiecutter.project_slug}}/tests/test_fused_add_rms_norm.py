@@ -272,7 +272,7 @@ def test_bad_backward_input_is_a_clear_error(checked_device, changes, error, mat
 @pytest.mark.parametrize("weight", [True, False], ids=["weight", "no_weight"])
 def test_in_place_writes_what_fused_add_rms_norm_returns(device, shape, dtypes, weight):
     x, r, w = inputs(shape, dtypes, device, weight)
-    y, h = fused_add_rms_norm(x, r, w)  # tested against float64 in test_fused_add_rms_norm.py
+    y, h = fused_add_rms_norm(x, r, w)  # tested against float64 above
     fused_add_rms_norm_(x, r, w)
     # The same kernel writes the same bits, into the inputs instead of new tensors.
     assert torch.equal(x, y) and torch.equal(r, h)
@@ -347,6 +347,11 @@ def test_calls_it_cannot_do_in_place_are_clear_errors(checked_device):
         for a, b in ((x, x), (buffer[:4], buffer[2:])):
             with pytest.raises(ValueError, match="x and residual must not overlap in memory"):
                 fused_add_rms_norm_(a, b, w)
+        # A weight inside x or residual would change as rows are written.
+        with pytest.raises(ValueError, match="x and weight must not overlap in memory"):
+            fused_add_rms_norm_(x, r, x[1])
+        with pytest.raises(ValueError, match="residual and weight must not overlap in memory"):
+            fused_add_rms_norm_(x, r, r.flatten()[::4])
 {%- if cookiecutter.variant == 'triton' %}
 
 

@@ -1,7 +1,7 @@
-"""Every op, forward and backward, at the hidden sizes of widely used models and at odd sizes
-around the kernels' launch limits, in float32, float16 and bfloat16, with and without a weight,
-against the float64 reference. Each size runs in a fresh process, so no launch can pass only
-because an earlier one left the GPU configured for it."""
+"""The shipped ops, forward and backward, at the hidden sizes of widely used models and at odd
+sizes around the kernels' launch limits, in float32, float16 and bfloat16, with and without a
+weight, against the float64 reference. Each size runs in a fresh process, so no launch can pass
+only because an earlier one left the GPU configured for it."""
 
 import subprocess
 import sys

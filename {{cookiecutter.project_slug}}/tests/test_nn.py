@@ -1,5 +1,6 @@
 """The RMSNorm module: a drop-in for torch.nn.RMSNorm (state_dict, eps, no graph breaks)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -34,3 +35,13 @@ def test_module_default_eps_matches_torch_rmsnorm(device, dtype):
     theirs = torch.nn.RMSNorm(64, device=device, dtype=dtype)
     assert ours.eps is None and theirs.eps is None
     torch.testing.assert_close(ours(x), theirs(x))
+
+
+@pytest.mark.parametrize("affine", [True, False], ids=["weight", "no_weight"])
+def test_module_checks_the_normalized_dimension(affine):
+    norm = RMSNorm(np.int64(16), elementwise_affine=affine)  # numpy's int, as torch.nn takes it
+    assert norm.normalized_shape == (16,)
+    with pytest.raises(ValueError, match=r"a last dimension of 16 \(normalized_shape\)"):
+        norm(torch.randn(2, 8))
+    with pytest.raises(ValueError, match="normalized_shape must be an int"):
+        RMSNorm((4, 16))

@@ -58,10 +58,15 @@ def _check_rstd(rstd: torch.Tensor, x_name: str, x: torch.Tensor) -> None:
 
 def as_eps(eps: float) -> float:
     """eps as the ops take it (a Python float), or an error that names it."""
+    if isinstance(eps, (str, bool)):  # which float() would take
+        raise TypeError(f"eps must be a float, got {eps!r}")
     try:
-        return float(eps)
+        eps = float(eps)
     except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several elements
         raise TypeError(f"eps must be a float, got {eps!r}") from None
+    if not eps >= 0:  # also NaN; either would make rows NaN
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    return eps
 
 
 def check_inputs(x: torch.Tensor, weight: torch.Tensor | None, x_name: str = "x") -> None:
@@ -146,9 +151,21 @@ def check_in_place_inputs(
             )
 
 
-def check_no_overlap(x: torch.Tensor, residual: torch.Tensor) -> None:
-    """x and residual (contiguous) share no memory. Needs real data pointers: eager mode only."""
-    x0, r0 = x.data_ptr(), residual.data_ptr()
-    nbytes = x.numel() * x.element_size()
-    if x0 < r0 + residual.numel() * residual.element_size() and r0 < x0 + nbytes:
-        raise ValueError("x and residual must not overlap in memory")
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """The addresses from t's first byte to past its last (t has any strides; empty: none)."""
+    if t.numel() == 0:
+        return t.data_ptr(), t.data_ptr()
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def check_no_overlap(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None) -> None:
+    """fused_add_rms_norm_ writes into x and residual while it reads all three: neither may share
+    memory with another argument. Needs real data pointers: eager mode only."""
+    pairs = [("x", x, "residual", residual)]
+    if weight is not None:
+        pairs += [("x", x, "weight", weight), ("residual", residual, "weight", weight)]
+    for a_name, a, b_name, b in pairs:
+        (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
+        if a0 < b1 and b0 < a1:
+            raise ValueError(f"{a_name} and {b_name} must not overlap in memory")

@@ -220,12 +220,12 @@ def fused_add_rms_norm_(
 
     The ``(y, h)`` of ``fused_add_rms_norm`` written into ``x`` and ``residual`` instead of new
     tensors, so a model allocates nothing per layer (and a CUDA graph replays the same buffers).
-    ``x`` and ``residual`` must be contiguous and must not overlap. It has no backward: call it
-    under ``torch.no_grad()`` or ``torch.inference_mode()``.
+    ``x`` and ``residual`` must be contiguous and overlap neither each other nor ``weight``. It has
+    no backward: call it under ``torch.no_grad()`` or ``torch.inference_mode()``.
     """
     check_in_place_inputs(x, residual, weight)
     if x.device.type != "meta" and not torch.compiler.is_compiling():
-        check_no_overlap(x, residual)  # reads data pointers, which traced tensors lack
+        check_no_overlap(x, residual, weight)  # reads data pointers, which traced tensors lack
     if torch.is_grad_enabled():
         for name, t in (("x", x), ("residual", residual), ("weight", weight)):
             if t is not None and t.requires_grad:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from numbers import Integral
+
 import torch
 
 from ._checks import compute_dtype
@@ -22,20 +24,19 @@ class RMSNorm(torch.nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(normalized_shape, int):
-            shape = tuple(normalized_shape)
-            if len(shape) != 1:
-                raise ValueError(
-                    f"normalized_shape must be an int (the size of the last dimension), "
-                    f"got {normalized_shape!r}"
-                )
-            normalized_shape = shape[0]
-        self.normalized_shape = (normalized_shape,)
+        if isinstance(normalized_shape, Integral):  # Python's int or numpy's, as torch takes
+            normalized_shape = (normalized_shape,)
+        shape = tuple(normalized_shape)
+        if len(shape) != 1:
+            raise ValueError(
+                f"normalized_shape must be an int (the size of the last dimension), got {shape!r}"
+            )
+        self.normalized_shape = (int(shape[0]),)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
         if elementwise_affine:
             self.weight = torch.nn.Parameter(
-                torch.ones(normalized_shape, device=device, dtype=dtype)
+                torch.ones(self.normalized_shape, device=device, dtype=dtype)
             )
         else:
             self.register_parameter("weight", None)
@@ -45,6 +46,11 @@ class RMSNorm(torch.nn.Module):
             torch.nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1:] != self.normalized_shape:  # as torch.nn.RMSNorm, with or without a weight
+            raise ValueError(
+                f"x must have a last dimension of {self.normalized_shape[0]} (normalized_shape), "
+                f"got shape {tuple(x.shape)}"
+            )
         eps = torch.finfo(compute_dtype(x)).eps if self.eps is None else self.eps
         return rms_norm(x, self.weight, eps)
 
