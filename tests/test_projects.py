@@ -73,16 +73,13 @@ def patch(path, old, new):
 
 
 def add_gemma_norm(project, variant):
-    """Adds a new op as docs/adding_an_op.md says: its commands copy rms_norm's files as
-    my_norm, then the math changes to Gemma's RMSNorm, y = x * rstd * (1 + weight)."""
+    """Adds a new op as docs/adding_an_op.md says: its commands copy rms_norm's files as my_norm
+    and list it in __init__.py, then the math changes to Gemma's RMSNorm, y = x * rstd * (1 +
+    weight)."""
     env = {**NOX_ENV, "PATH": PATH}
     subprocess.run(["bash", "-euc", guide_commands(project)], cwd=project, check=True, env=env)
     pkg = project / "src" / "acme_ops"
-    patch(
-        pkg / "__init__.py",
-        "from .nn import",
-        "from .my_norm import my_norm\nfrom .nn import",
-    )
+    assert "from .my_norm import my_norm\nfrom .nn import" in (pkg / "__init__.py").read_text()
     op = pkg / "my_norm.py"
     patch(op, "y = y * weight.to(xf.dtype)", "y = y * (1 + weight.to(xf.dtype))")
     if variant == "cpp":
