@@ -11,12 +11,15 @@ VERSION = {{ cookiecutter.version | tojson }}
 PYTHON_MIN = {{ cookiecutter.python_min | tojson }}
 TORCH_MIN = {{ cookiecutter.torch_min | tojson }}
 CUDA_ARCHS = {{ cookiecutter.cuda_archs | tojson }}
+EMAIL = {{ cookiecutter.email | tojson }}
 
 # Namespaces that torch itself registers operators in: a package of that name would collide.
 TORCH_NAMESPACES = {
     "aten", "prim", "prims", "quantized", "inductor", "higher_order", "c10d", "profiler"
 }
-SHADOWED = {"torch", "triton", "numpy", "setuptools", "pytest"}
+# Packages the project imports or its tests and benchmark do; "test" is CPython's own test
+# package, which sys.stdlib_module_names leaves out.
+SHADOWED = {"torch", "triton", "numpy", "setuptools", "pytest", "matplotlib", "test"}
 # The cpp variant also uses the name as a C++ namespace.
 CPP_KEYWORDS = set(
     "alignas alignof asm auto bool case catch char char16_t char32_t char8_t concept const "
@@ -24,8 +27,11 @@ CPP_KEYWORDS = set(
     "explicit export extern float friend goto inline int long mutable namespace new noexcept "
     "nullptr operator private protected public register reinterpret_cast requires short signed "
     "sizeof static static_assert static_cast struct switch template this thread_local throw "
-    "typedef typeid typename union unsigned using virtual void volatile wchar_t".split()
+    "typedef typeid typename union unsigned using virtual void volatile wchar_t true false "
+    "co_await co_return co_yield and_eq bitand bitor compl not_eq or_eq xor xor_eq".split()
 )
+# What the project's dependencies support: torch 2.11 and later need Python 3.10 or later.
+OLDEST = {"python_min": (3, 10), "torch_min": (2, 11)}
 
 
 def package_name_error(name):
@@ -63,8 +69,13 @@ def main():
     if not re.fullmatch(r"\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?", VERSION):
         errors.append(f"version {VERSION!r} must be a PEP 440 version such as '0.1.0'.")
     for key, value in (("python_min", PYTHON_MIN), ("torch_min", TORCH_MIN)):
+        major, minor = OLDEST[key]
         if not re.fullmatch(r"\d+\.\d+", value):
-            errors.append(f"{key} {value!r} must be MAJOR.MINOR, such as '3.10'.")
+            errors.append(f"{key} {value!r} must be MAJOR.MINOR, such as '{major}.{minor}'.")
+        elif not (int(value.split(".")[0]) == major and int(value.split(".")[1]) >= minor):
+            errors.append(f"{key} {value!r} must be {major}.{minor} or a later {major}.x.")
+    if not re.fullmatch(r"[^\s@\"\\]+@[^\s@\"\\]+\.[^\s@\"\\]+", EMAIL):
+        errors.append(f"email {EMAIL!r} must be an address such as 'you@example.com'.")
     if not re.fullmatch(r"\d+\.\d+a?(\+PTX)?([; ]\d+\.\d+a?(\+PTX)?)*", CUDA_ARCHS):
         errors.append(
             f"cuda_archs {CUDA_ARCHS!r} must be a TORCH_CUDA_ARCH_LIST such as '8.0;9.0+PTX'."

@@ -161,7 +161,10 @@ def test_pyproject_is_valid_toml(project):
 
 @pytest.mark.parametrize(
     "name",
-    ["1abc", "my-ops", "class", "torch", "triton", "os", "my ops", "MyOps", "aten", "int", ""],
+    [
+        *("1abc", "my-ops", "class", "torch", "triton", "os", "my ops", "MyOps", "aten", "int", ""),
+        *("true", "xor", "co_await", "test", "matplotlib"),
+    ],
 )
 def test_hook_refuses_bad_package_name(tmp_path, capfd, name):
     with pytest.raises(FailedHookException):
@@ -189,7 +192,16 @@ def test_post_generation_hook_prints_the_next_commands(tmp_path, capfd, variant)
     assert printed.rstrip() == want.rstrip()
 
 
-@pytest.mark.parametrize("key,value", [("version", "one"), ("cuda_archs", "sm_90")])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("version", "one"),
+        ("cuda_archs", "sm_90"),
+        *[("python_min", v) for v in ("3", "3.9", "2.7", "4.0")],
+        *[("torch_min", v) for v in ("2.10", "1.13", "3.0")],
+        *[("email", v) for v in ("", "you", 'a"b@example.com', "a b@example.com")],
+    ],
+)
 def test_hook_refuses_bad_answers(tmp_path, capfd, key, value):
     with pytest.raises(FailedHookException):
         render(tmp_path, **{key: value})
