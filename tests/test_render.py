@@ -257,7 +257,7 @@ def test_guide_names_exist(project):
             return True
         if "/" in name:
             return (project / name).exists()
-        if re.search(rf"(?<!\w){re.escape(name)}", source):
+        if re.search(rf"(?<!\w){re.escape(name)}(?!\w)", source):
             return True
         return re.search(r"\.(py|cpp|cu|h|md)$", name) is not None and any(project.rglob(name))
 
