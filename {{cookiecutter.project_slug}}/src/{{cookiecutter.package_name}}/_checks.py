@@ -58,7 +58,7 @@ def _check_rstd(rstd: torch.Tensor, x_name: str, x: torch.Tensor) -> None:
 
 def as_eps(eps: float) -> float:
     """eps as the ops take it (a Python float), or an error that names it."""
-    if isinstance(eps, (str, bool)):  # which float() would take
+    if isinstance(eps, (str, bool)):  # float() would take "1e-6" and True
         raise TypeError(f"eps must be a float, got {eps!r}")
     try:
         eps = float(eps)
