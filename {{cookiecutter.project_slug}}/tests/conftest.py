@@ -37,6 +37,13 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{count} tests skipped: they need a GPU and {NO_CUDA}")
 
 
+def pytest_generate_tests(metafunc):
+    # The op test classes of op_tests.py: a test per dtype the op's class lists.
+    dtypes = getattr(metafunc.cls, "dtypes", None)
+    if dtypes is not None and "dtype" in metafunc.fixturenames:
+        metafunc.parametrize("dtype", dtypes, ids=str)
+
+
 @pytest.fixture(params=DEVICES)
 def device(request):
     return request.param
