@@ -114,7 +114,8 @@ PRIVATE_APIS = re.compile(
     r"torch\._(?!inductor\.aoti_(compile_and_package|load_package)\b)[A-Za-z]"
     r"|from torch import _"
     r"|forward_ad\._"
-    r"|#include\s*<torch/csrc/"
+    # torch's C++ internals; not the LibTorch stable ABI's headers (its C++ API and the C shim)
+    r"|#include\s*<torch/csrc/(?!stable/|inductor/aoti_torch/c/shim\.h>)"
     r"|triton\.(knobs|runtime|compiler|backends)"
     r"|packed_metadata|launch_metadata|\.run\(grid"
 )
@@ -142,6 +143,28 @@ def test_no_private_apis_pattern_catches_them():
     ]:
         assert PRIVATE_APIS.search(line), line
     assert not PRIVATE_APIS.search("torch.library.triton_op")
+    assert not PRIVATE_APIS.search("#include <torch/csrc/stable/library.h>")
+    assert not PRIVATE_APIS.search("#include <torch/csrc/inductor/aoti_torch/c/shim.h>")
+
+
+# What csrc/ may include from torch: the LibTorch stable ABI only (its C++ API, the header-only
+# types and macros, and the C shim), so that one build loads into every torch from torch_min on.
+STABLE_INCLUDE = re.compile(
+    r"torch/csrc/stable/.*|torch/headeronly/.*|torch/csrc/inductor/aoti_torch/c/shim\.h"
+)
+
+
+def test_cpp_sources_include_only_the_stable_abi(tmp_path):
+    project = render(tmp_path, variant="cpp")
+    includes = {
+        f"{path.relative_to(project)}: {name}"
+        for path in (project / "csrc").rglob("*")
+        if path.is_file()
+        for name in re.findall(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', path.read_text(), re.M)
+        if name.startswith(("torch/", "ATen/", "c10/", "caffe2/", "pybind11/"))
+        and not STABLE_INCLUDE.fullmatch(name)
+    }
+    assert not includes, "\n".join(sorted(includes))
 
 
 def test_lint_clean(project):
@@ -272,7 +295,8 @@ def test_markdown_links_resolve(project):
                 assert (doc.parent / target).exists(), f"{doc.name}: dead link {target}"
 
 
-# Runs the rendered setup.py up to the call of setup() and prints the extension it would build.
+# Runs the rendered setup.py up to the call of setup() and prints the libraries it would build
+# (name: sources, compiler flags, limited API) and the wheel's limited-API tag.
 # FAKE_CUDA makes the CPU build of torch here pass for a CUDA build, so no compiler runs.
 SETUP_PROBE = """
 import json, os, runpy, sys
@@ -284,10 +308,17 @@ if os.environ.get("FAKE_CUDA"):
 captured = {}
 setuptools.setup = lambda **kwargs: captured.update(kwargs)
 runpy.run_path("setup.py", run_name="__main__")
-(ext,) = captured["ext_modules"]
-args = ext.extra_compile_args
-args = args if isinstance(args, dict) else {"cxx": args}
-print(json.dumps({"sources": ext.sources, "args": args}))
+def flags(ext):
+    args = ext.extra_compile_args
+    return args if isinstance(args, dict) else {"cxx": args}
+libraries = {
+    ext.name.rpartition(".")[2]: {
+        "sources": ext.sources, "args": flags(ext), "limited_api": ext.py_limited_api
+    }
+    for ext in captured["ext_modules"]
+}
+wheel_tag = captured["options"]["bdist_wheel"]["py_limited_api"]
+print(json.dumps({"libraries": libraries, "wheel_tag": wheel_tag}))
 """
 
 
@@ -325,24 +356,44 @@ def test_cpp_build_knobs(tmp_path):
     project = render(tmp_path, variant="cpp")
     wrapper = fake_toolkit(tmp_path)
     cpu = built(probe_setup(project, wrapper))
-    assert not any(s.endswith(".cu") for s in cpu["sources"]) and "nvcc" not in cpu["args"]
-    assert "-O3" in cpu["args"]["cxx"] and "-g" not in cpu["args"]["cxx"]
-    debug = built(probe_setup(project, wrapper, DEBUG="1"))["args"]["cxx"]
+    assert cpu["wheel_tag"] == "cp310"  # python_min's: one abi3 wheel for every later Python
+    (lib,) = cpu["libraries"].values()  # _C alone
+    assert lib["limited_api"] and not any(s.endswith(".cu") for s in lib["sources"])
+    assert "-O3" in lib["args"]["cxx"] and "-g" not in lib["args"]["cxx"]
+    # The stable ABI of the default torch_min, 2.11.
+    assert "-DTORCH_TARGET_VERSION=0x020b000000000000" in lib["args"]["cxx"]
+    debug = built(probe_setup(project, wrapper, DEBUG="1"))["libraries"]["_C"]["args"]["cxx"]
     assert {"-O0", "-g", "-UNDEBUG"} <= set(debug) and "-O3" not in debug
 
-    # A CUDA build of torch: the toolkit is found behind the nvcc wrapper script on PATH.
+    # A CUDA build of torch: the toolkit is found behind the nvcc wrapper script on PATH, and the
+    # CUDA kernels are a library of their own, _C_cuda.
     cuda = probe_setup(project, wrapper, FAKE_CUDA="1")
     assert f"CUDA_HOME={tmp_path / 'cuda-13.0'}" in cuda.stdout, cuda.stdout
-    cuda = built(cuda)
-    assert "csrc/cuda/rms_norm.cu" in cuda["sources"] and "-O3" in cuda["args"]["nvcc"]
-    nvcc = built(probe_setup(project, wrapper, FAKE_CUDA="1", DEBUG="1"))["args"]["nvcc"]
-    assert {"-O0", "-lineinfo"} <= set(nvcc) and "-G" not in nvcc
-    assert "-G" in built(probe_setup(project, wrapper, FAKE_CUDA="1", DEBUG="2"))["args"]["nvcc"]
+    cpu_lib, cuda_lib = (built(cuda)["libraries"][name] for name in ("_C", "_C_cuda"))
+    assert cpu_lib == lib
+    assert cuda_lib["limited_api"]
+    assert cuda_lib["sources"] == ["csrc/cuda/fused_add_rms_norm.cu", "csrc/cuda/rms_norm.cu"]
+    nvcc = cuda_lib["args"]["nvcc"]
+    assert {"-O3", "-DUSE_CUDA", "-DTORCH_TARGET_VERSION=0x020b000000000000"} <= set(nvcc)
+    nvcc = built(probe_setup(project, wrapper, FAKE_CUDA="1", DEBUG="1"))["libraries"]
+    assert {"-O0", "-lineinfo"} <= set(nvcc["_C_cuda"]["args"]["nvcc"])
+    assert "-G" not in nvcc["_C_cuda"]["args"]["nvcc"]
+    debug2 = built(probe_setup(project, wrapper, FAKE_CUDA="1", DEBUG="2"))["libraries"]
+    assert "-G" in debug2["_C_cuda"]["args"]["nvcc"]
     off = built(probe_setup(project, wrapper, FAKE_CUDA="1", USE_CUDA="0"))
-    assert not any(s.endswith(".cu") for s in off["sources"])
+    assert list(off["libraries"]) == ["_C"]
 
     # A CUDA build of torch and a toolkit without its headers: an error that says so, never a
     # silent CPU-only build.
     (tmp_path / "cuda-13.0" / "include" / "cuda_runtime.h").unlink()
     failed = probe_setup(project, wrapper, FAKE_CUDA="1")
     assert failed.returncode != 0 and "has no include/cuda_runtime.h" in failed.stderr
+
+
+def test_cpp_build_targets_the_stable_abi_of_torch_min(tmp_path):
+    """torch_min sets the stable ABI the libraries are built for, and the oldest torch they
+    load into; python_min the wheel's limited-API tag."""
+    project = render(tmp_path, variant="cpp", torch_min="2.12", python_min="3.12")
+    result = built(probe_setup(project, fake_toolkit(tmp_path)))
+    assert result["wheel_tag"] == "cp312"
+    assert "-DTORCH_TARGET_VERSION=0x020c000000000000" in result["libraries"]["_C"]["args"]["cxx"]

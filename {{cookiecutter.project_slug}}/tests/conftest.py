@@ -56,6 +56,14 @@ def checked_device(request):
     return request.param
 
 
+def ops_error(device: str, error: type[Exception]) -> type[Exception]:
+    """What a bad call straight to torch.ops raises on device where the public function raises
+    error{% if cookiecutter.variant == "cpp" %}: RuntimeError, with the same message, from the C++ kernels' checks (the LibTorch stable
+    ABI raises no other); error on meta tensors, whose fake impls run the Python checks."""
+    return error if device == "meta" else RuntimeError{% else %}: the same, as the ops run the Python checks."""
+    return error{% endif %}
+
+
 {%- if cookiecutter.variant == "triton" %}
 
 

@@ -3,6 +3,7 @@ test_rms_norm.py); edge cases behave; CUDA graphs and determinism."""
 
 import pytest
 import torch
+from conftest import ops_error
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -38,7 +39,7 @@ def test_bad_backward_input_is_a_clear_error(checked_device, kwargs, error, matc
     # The backward op is called by autograd, but also by hand through torch.ops and under
     # torch.compile (checked by the fake impl on meta tensors): the same checks everywhere.
     args = bwd_args(checked_device, **kwargs)
-    with pytest.raises(error, match=match):
+    with pytest.raises(ops_error(checked_device, error), match=match):
         torch.ops.{{ cookiecutter.package_name }}.rms_norm_bwd(*args)
 
 

@@ -1,6 +1,6 @@
 """torch.export and AOTInductor: a model that uses the ops exports with a dynamic batch size and
 keeps the ops in its graph; AOTInductor compiles it into a package that a fresh Python process
-runs{% if cookiecutter.variant == 'cpp' %} once the compiled library is loaded{% else %} without importing the project{% endif %}.
+runs{% if cookiecutter.variant == 'cpp' %} once the compiled libraries are loaded{% else %} without importing the project{% endif %}.
 """
 
 import subprocess
@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }} import {% if cookiecutter.variant == 'cpp' %}_C, {% endif %}RMSNorm, fused_add_rms_norm, rms_norm
+from {{ cookiecutter.package_name }} import RMSNorm, {% if cookiecutter.variant == 'cpp' %}_extension, {% endif %}fused_add_rms_norm, rms_norm
 
 OPS = torch.ops.{{ cookiecutter.package_name }}
 HIDDEN = 64
@@ -17,7 +17,7 @@ BATCH_DIM = {0: torch.export.Dim("batch")}  # dimension 0 of an input: the batch
 DYNAMIC_SHAPES = {"x": BATCH_DIM, "residual": BATCH_DIM}
 
 {% if cookiecutter.variant == 'cpp' -%}
-# Run by a fresh Python after load_ops (a line that registers the ops, or none): loads the
+# Run by a fresh Python after load_ops (lines that register the ops, or none): loads the
 # AOTInductor package (argv[1]) and checks it against the inputs and eager outputs that the test
 # saved (argv[2]).
 {%- else -%}
@@ -113,14 +113,15 @@ def run_package(package, data{% if cookiecutter.variant == 'cpp' %}, load_ops=""
 
 @needs_loadable_packages
 def test_aoti_package_needs_the_compiled_library(device, tmp_path):
-    """The package calls the ops by name: a process runs it once the built library has registered
-    them, loaded as here (no Python code of the project needed) or by importing the project.
-    Without them, loading the package fails with an error that names the missing op."""
+    """The package calls the ops by name: a process runs it once the built libraries have
+    registered them, loaded as here (no Python code of the project needed) or by importing the
+    project. Without them, loading the package fails with an error that names the missing op."""
     package, data = compile_package(device, tmp_path)
     result = run_package(package, data)
     assert result.returncode != 0
     assert f"Could not find schema for {OPS.name}::" in result.stderr, result.stderr
-    result = run_package(package, data, load_ops=f"torch.ops.load_library({_C.__file__!r})")
+    load_ops = "".join(f"torch.ops.load_library({path!r})\n" for path in _extension.LIBRARIES)
+    result = run_package(package, data, load_ops=load_ops)
     assert result.returncode == 0, result.stderr
 {%- else %}
 
