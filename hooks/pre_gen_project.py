@@ -30,7 +30,8 @@ CPP_KEYWORDS = set(
     "typedef typeid typename union unsigned using virtual void volatile wchar_t true false "
     "co_await co_return co_yield and_eq bitand bitor compl not_eq or_eq xor xor_eq".split()
 )
-# What the project's dependencies support: torch 2.11 and later need Python 3.10 or later.
+# What the project's dependencies support: torch 2.11 and later need Python 3.10 or later. (The
+# cpp variant builds for the LibTorch stable ABI of torch_min, which exists from torch 2.10 on.)
 OLDEST = {"python_min": (3, 10), "torch_min": (2, 11)}
 
 

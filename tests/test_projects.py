@@ -83,14 +83,9 @@ def add_gemma_norm(project, variant):
     op = pkg / "my_norm.py"
     patch(op, "y = y * weight.to(xf.dtype)", "y = y * (1 + weight.to(xf.dtype))")
     if variant == "cpp":
-        # The CPU kernel reads the weight in the compute dtype; the new op hands it 1 + weight
-        # (on two lines, as clang-format wants it).
-        patch(
-            project / "csrc" / "my_norm.cpp",
-            "cpu::weight_or_ones(weight, x, acc_dtype)",
-            "cpu::weight_or_ones(\n"
-            "      weight ? optional<Tensor>(weight->add(1)) : weight, x, acc_dtype)",
-        )
+        # The CPU kernel reads the weight in the compute dtype; the new op hands it 1 + weight,
+        # weight - (-1) with the stable ABI's ops (laid out as clang-format wants it).
+        patch(project / "csrc" / "my_norm.cpp", "cpu::weight_or_ones(weight, x, acc_dtype)", GEMMA)
     else:
         patch(op, "dy * weight.to(ct)", "dy * (1 + weight.to(ct))")
         # The Triton kernels get 1 + weight as their weight; dw = sum(dy * x_hat) is unchanged.
@@ -102,6 +97,14 @@ def add_gemma_norm(project, variant):
     # Its tests: against the new reference, so a kernel that kept rms_norm's math fails them.
     test = project / "tests" / "test_my_norm.py"
     assert "my_norm_reference" in test.read_text()
+
+
+GEMMA = """cpu::weight_or_ones(
+      weight ? optional(torch::stable::subtract(
+                   *weight, torch::stable::full({N}, -1.0, acc_dtype,
+                                                std::nullopt, x.device())))
+             : weight,
+      x, acc_dtype)"""
 
 
 def readme_commands(project) -> str:
@@ -204,7 +207,9 @@ def test_rendered_build_gives_a_complete_sdist_and_a_wheel(variant, tmp_path):
         names = whl.namelist()
     assert "acme_ops/rms_norm.py" in names
     if variant == "cpp":
-        assert any(re.fullmatch(r"acme_ops/_C\..*\.so", n) for n in names), names
+        # One wheel for every Python from python_min on; the CPU build of torch: _C alone.
+        assert wheel.name.endswith("-cp310-abi3-linux_x86_64.whl"), wheel.name
+        assert "acme_ops/_C.abi3.so" in names and "acme_ops/_C_cuda.abi3.so" not in names, names
 
 
 @pytest.mark.skipif(
