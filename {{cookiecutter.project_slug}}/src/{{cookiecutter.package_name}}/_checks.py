@@ -151,21 +151,33 @@ def check_in_place_inputs(
             )
 
 
-def _byte_range(t: torch.Tensor) -> tuple[int, int]:
-    """The addresses from t's first byte to past its last (t has any strides; empty: none)."""
+def _byte_range(t: torch.Tensor) -> tuple[int, int] | None:
+    """The addresses from t's first byte to past its last (t has any strides; empty: none), or
+    None where t has no memory of its own: a tensor subclass such as DTensor, whose data_ptr() is
+    0 (the op runs on its local tensors), or a tensor under vmap, which has no storage."""
+    if type(t) not in (torch.Tensor, torch.nn.Parameter):
+        return None
+    try:
+        first = t.data_ptr()
+    except RuntimeError:  # vmap's tensors: "Cannot access data pointer of Tensor ..."
+        return None
     if t.numel() == 0:
-        return t.data_ptr(), t.data_ptr()
+        return first, first
     last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
-    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+    return first, first + (last + 1) * t.element_size()
 
 
 def check_no_overlap(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None) -> None:
     """fused_add_rms_norm_ writes into x and residual while it reads all three: neither may share
-    memory with another argument. Needs real data pointers: eager mode only."""
+    memory with another argument. Needs real data pointers: eager mode only, and tensors with
+    memory of their own (others are not compared)."""
     pairs = [("x", x, "residual", residual)]
     if weight is not None:
         pairs += [("x", x, "weight", weight), ("residual", residual, "weight", weight)]
     for a_name, a, b_name, b in pairs:
-        (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
+        a_range, b_range = _byte_range(a), _byte_range(b)
+        if a_range is None or b_range is None:
+            continue
+        (a0, a1), (b0, b1) = a_range, b_range
         if a0 < b1 and b0 < a1:
             raise ValueError(f"{a_name} and {b_name} must not overlap in memory")
