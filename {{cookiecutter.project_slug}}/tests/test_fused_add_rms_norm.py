@@ -18,10 +18,11 @@ from {{ cookiecutter.package_name }} import (
 {% else -%}
 from {{ cookiecutter.package_name }} import fused_add_rms_norm, fused_add_rms_norm_, rms_norm
 {% endif -%}
+from {{ cookiecutter.package_name }}._checks import check_no_overlap
 from {{ cookiecutter.package_name }}.fused_add_rms_norm import fused_add_rms_norm_reference
 
 OPS = torch.ops.{{ cookiecutter.package_name }}
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float64: 1e-12}
 # (3, 16389): rows too wide to be held in registers.
 SHAPES = [(1, 7), (3, 4096), (5, 8193), (3, 16389), (2, 3, 96), (65, 128)]
 # Shapes the CUDA kernels launch differently (see test_few_and_many_rows).
@@ -34,6 +35,12 @@ DTYPES = [
     (torch.bfloat16, torch.bfloat16),
     (torch.bfloat16, torch.float32),
 ]
+# Where fused_add_rms_norm_ writes: into contiguous tensors and, when this is True, into rows a
+# stride apart (slices of wider rows, base[..., :n], as after splitting a fused projection).
+IN_PLACE_STRIDED_ROWS = {% if cookiecutter.variant == 'triton' %}True{% else %}False  # not yet in the C++ kernels: they refuse such rows{% endif %}
+IN_PLACE_LAYOUTS = ["contiguous", "strided"] if IN_PLACE_STRIDED_ROWS else ["contiguous"]
+# Row widths the kernels handle differently: a few elements, 16-byte vectors or not, wide rows.
+IN_PLACE_WIDTHS = [8, 768, 769, 5120, 5125, 8192]
 
 
 def loose(*dtypes):
@@ -49,6 +56,19 @@ def inputs(shape, dtypes, device, weight=True, requires_grad=False):
 
 def ref64(x, r, w):
     return fused_add_rms_norm_reference(x.double(), r.double(), None if w is None else w.double())
+
+
+def in_place_views(n, dtypes, device, layout):
+    """x and residual of shape (2, 3, n) laid out as layout says, and the parts of their buffers
+    outside them, which fused_add_rms_norm_ must leave as they are. Strided: x is columns 3 to
+    3 + n of rows n + 7 wide (neither its start nor its rows 16-byte aligned), residual the first
+    n columns of rows 2n wide."""
+    if layout == "contiguous":
+        return *inputs((2, 3, n), dtypes, device, weight=False)[:2], []
+    x_base = torch.randn(2, 3, n + 7, dtype=dtypes[0], device=device)
+    r_base = torch.randn(2, 3, 2 * n, dtype=dtypes[1], device=device)
+    outside = [x_base[..., :3], x_base[..., 3 + n :], r_base[..., n:]]
+    return x_base[..., 3 : 3 + n], r_base[..., :n], outside
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -279,11 +299,34 @@ def test_in_place_writes_what_fused_add_rms_norm_returns(device, shape, dtypes, 
     assert torch.equal(x, y) and torch.equal(r, h)
 
 
+@pytest.mark.parametrize("n", IN_PLACE_WIDTHS)
+@pytest.mark.parametrize("layout", IN_PLACE_LAYOUTS)
+@pytest.mark.parametrize("dtypes", [*DTYPES, (torch.float64, torch.float64)], ids=str)
+def test_in_place_against_float64(device, n, layout, dtypes):
+    check_in_place(fused_add_rms_norm_, device, n, layout, dtypes)
+
+
+def check_in_place(write, device, n, layout, dtypes):
+    """write(x, residual, weight) writes fused_add_rms_norm's results into x and residual, laid
+    out as layout says, and nothing else."""
+    x, r, outside = in_place_views(n, dtypes, device, layout)
+    w = torch.randn(n, device=device)
+    y64, h64 = ref64(x, r, w)
+    outside_before = [t.clone() for t in outside]
+    write(x, r, w)
+    tol = loose(*dtypes)
+    torch.testing.assert_close(r.double(), h64, atol=tol, rtol=tol)
+    torch.testing.assert_close(x.double(), y64, atol=tol, rtol=tol)
+    assert all(map(torch.equal, outside, outside_before)), "wrote outside x or residual"
+
+
+@pytest.mark.parametrize("layout", IN_PLACE_LAYOUTS)
 @pytest.mark.parametrize("dtypes", DTYPES, ids=str)
 @pytest.mark.parametrize("weight", [True, False], ids=["weight", "no_weight"])
-def test_opcheck_in_place(device, dtypes, weight):
+def test_opcheck_in_place(device, layout, dtypes, weight):
     # Among its checks: the op writes into no argument its schema does not mark as mutated.
-    x, r, w = inputs((2, 3, 40), dtypes, device, weight)
+    x, r, _ = in_place_views(40, dtypes, device, layout)
+    w = torch.randn(40, device=device) if weight else None
     opcheck(OPS.fused_add_rms_norm_.default, (x, r, w, 1e-5))
 
 
@@ -292,7 +335,8 @@ def decode_step(x, residual, w):
     return x * 2.0  # reads the x the op wrote
 
 
-def test_in_place_compile_fullgraph_mutates_the_inputs_once(device):
+@pytest.mark.parametrize("layout", IN_PLACE_LAYOUTS)
+def test_in_place_compile_fullgraph_mutates_the_inputs_once(device, layout):
 {%- if cookiecutter.variant == 'triton' %}
     # On CPU the op runs the reference, which Inductor's C++ backend fails to compile when it
     # writes into inputs (pytorch/pytorch#196570): test the functionalization alone there.
@@ -301,8 +345,9 @@ def test_in_place_compile_fullgraph_mutates_the_inputs_once(device):
     backend = "inductor"
 {%- endif %}
     compiled = torch.compile(decode_step, fullgraph=True, dynamic=True, backend=backend)
-    for shape in [(4, 64), (7, 96)]:
-        x, r, w = inputs(shape, (torch.float32, torch.float32), device)
+    for n in [64, 96]:
+        x, r, _ = in_place_views(n, (torch.float32, torch.float32), device, layout)
+        w = torch.randn(n, device=device)
         y, h = fused_add_rms_norm(x, r, w)
         out = compiled(x, r, w)
         # Twice would give residual = residual + 2 * x, and x normalized from that.
@@ -337,7 +382,7 @@ def test_calls_it_cannot_do_in_place_are_clear_errors(checked_device):
     with torch.no_grad():  # a model's parameters, under no_grad: fine
         fused_add_rms_norm_(x, r, torch.nn.Parameter(w))
     not_contiguous = torch.randn(8, 4, device=checked_device).t()
-    with pytest.raises(ValueError, match="x must be contiguous, as fused_add_rms_norm_ writes"):
+    with pytest.raises(ValueError, match="x must be contiguous.*, as fused_add_rms_norm_ writes"):
         fused_add_rms_norm_(not_contiguous, r, w)
     with pytest.raises(ValueError, match="residual must be contiguous"):
         fused_add_rms_norm_(x, not_contiguous, w)
@@ -353,6 +398,31 @@ def test_calls_it_cannot_do_in_place_are_clear_errors(checked_device):
             fused_add_rms_norm_(x, r, x[1])
         with pytest.raises(ValueError, match="residual and weight must not overlap in memory"):
             fused_add_rms_norm_(x, r, r.flatten()[::4])
+
+
+def test_overlap_check_passes_tensors_without_memory_of_their_own():
+    # A tensor under vmap has no storage (test_distributed.py runs the op on DTensors, whose
+    # data_ptr() is 0): there is no memory to compare, and no overlap to refuse.
+    x, r, w = inputs((3, 4, 8), (torch.float32, torch.float32), "cpu")
+    torch.vmap(lambda a, b: check_no_overlap(a, b, w) or a)(x, r)
+
+
+def test_in_place_rows_it_cannot_write_are_clear_errors(checked_device):
+    x, r, w = inputs((3, 2, 8), (torch.float32, torch.float32), checked_device)
+    overlapping = torch.randn(1, 1, 8, device=checked_device).expand(3, 2, 8)  # strides 0
+    uneven = torch.randn(3, 4, 8, device=checked_device)[:, :2]  # rows 8, then 24 apart
+    if not IN_PLACE_STRIDED_ROWS:
+        strided = torch.randn(3, 2, 16, device=checked_device)[..., :8]
+        for rows in (strided, overlapping, uneven):
+            with pytest.raises(ValueError, match="x must be contiguous, as fused_add_rms_norm_"):
+                fused_add_rms_norm_(rows, r, w)
+        return
+    match = r"x's rows must be one stride apart and not overlap .* got shape \(3, 2, 8\)"
+    for rows, strides in ((overlapping, r"\(0, 0, 1\)"), (uneven, r"\(32, 8, 1\)")):
+        with pytest.raises(ValueError, match=f"{match} and strides {strides}"):
+            fused_add_rms_norm_(rows, r, w)
+    with pytest.raises(ValueError, match="residual's rows must be one stride apart"):
+        fused_add_rms_norm_(x, uneven, w)
 {%- if cookiecutter.variant == 'triton' %}
 
 
@@ -382,4 +452,14 @@ def test_kernels(kernel_device, shape, dtypes, grad_h):
     torch.testing.assert_close(grad_h.to(x.dtype).double(), x64.grad, atol=tol, rtol=tol)
     rows = max(shape[0], 1)
     torch.testing.assert_close(dw.double(), w64.grad, atol=tol * rows**0.5, rtol=tol)
+
+
+@pytest.mark.parametrize("n", [*IN_PLACE_WIDTHS, 20000])  # 20000: wider than registers hold
+@pytest.mark.parametrize("layout", IN_PLACE_LAYOUTS)
+@pytest.mark.parametrize("dtypes", [*DTYPES, (torch.float64, torch.float64)], ids=str)
+def test_in_place_kernels(kernel_device, n, layout, dtypes):
+    def write(x, r, w):
+        fused_add_rms_norm_kernels.fused_add_rms_norm_(x, r, w, 1e-6)
+
+    check_in_place(write, kernel_device, n, layout, dtypes)
 {%- endif %}

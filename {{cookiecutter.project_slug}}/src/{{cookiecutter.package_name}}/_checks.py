@@ -142,13 +142,50 @@ def check_in_place_inputs(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None
 ) -> None:
     """Checks the arguments of fused_add_rms_norm_, which writes its results into x and
-    residual: as fused_add_rms_norm's, and both contiguous."""
+    residual: as fused_add_rms_norm's, and both {% if cookiecutter.variant == 'cpp' %}contiguous{% else %}with rows the kernels can write (see row_stride){% endif %}."""
     check_fused_inputs(x, residual, weight)
     for name, t in (("x", x), ("residual", residual)):
+{%- if cookiecutter.variant == 'cpp' %}
         if not t.is_contiguous():
             raise ValueError(
                 f"{name} must be contiguous, as fused_add_rms_norm_ writes its result into it"
             )
+{%- else %}
+        _check_rows_to_write(name, t)
+
+
+def row_stride(t: torch.Tensor) -> int | None:
+    """The stride between consecutive rows of t (its slices along the last dimension) where one
+    stride steps through all of them, as in a contiguous tensor or a slice of a wider one's
+    columns (``base[..., :n]``); None where its leading dimensions step through them unevenly."""
+    stride = expected = None
+    for size, step in zip(t.shape[-2::-1], t.stride()[-2::-1], strict=True):  # inner dim first
+        if size == 1:  # steps nowhere: its stride does not matter
+            continue
+        if expected is not None and step != expected:
+            return None
+        stride = step if stride is None else stride
+        expected = step * size
+    return t.shape[-1] if stride is None else stride
+
+
+def _check_rows_to_write(name: str, t: torch.Tensor) -> None:
+    """fused_add_rms_norm_ writes its result into t row by row: each row contiguous, the rows one
+    stride apart (a contiguous tensor, or a slice of a wider one's columns) and not overlapping."""
+    n = t.shape[-1]
+    if n > 1 and t.stride(-1) != 1:
+        raise ValueError(
+            f"{name} must be contiguous in its last dimension, as fused_add_rms_norm_ writes its "
+            f"result into it, got strides {t.stride()}"
+        )
+    stride = row_stride(t)
+    if stride is None or (t.numel() > n and stride < n):
+        raise ValueError(
+            f"{name}'s rows must be one stride apart and not overlap (as in a contiguous tensor, "
+            "or a slice of a wider one's columns), as fused_add_rms_norm_ writes its result into "
+            f"them, got shape {tuple(t.shape)} and strides {t.stride()}"
+        )
+{%- endif %}
 
 
 def _byte_range(t: torch.Tensor) -> tuple[int, int] | None:
