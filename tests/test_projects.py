@@ -80,6 +80,8 @@ def add_gemma_norm(project, variant):
     subprocess.run(["bash", "-euc", guide_commands(project)], cwd=project, check=True, env=env)
     pkg = project / "src" / "acme_ops"
     assert "from .my_norm import my_norm\nfrom .nn import" in (pkg / "__init__.py").read_text()
+    # How the new ops run on DTensors: rms_norm's rules, a line per op.
+    assert "ops.my_norm_bwd.default: ((ROWS," in (pkg / "sharding.py").read_text()
     op = pkg / "my_norm.py"
     patch(op, "y = y * weight.to(xf.dtype)", "y = y * (1 + weight.to(xf.dtype))")
     if variant == "cpp":
