@@ -37,6 +37,7 @@ COMMON = {
     "tests/test_hidden_sizes.py",
     "tests/test_benchmark.py",
     "benchmarks/bench_rms_norm.py",
+    "benchmarks/bench_model.py",
     "noxfile.py",
     "docs/adding_an_op.md",
     ".github/workflows/ci.yml",

@@ -1,4 +1,4 @@
-"""The benchmark end to end on CPU, on small shapes (its CPU timings are a smoke test only)."""
+"""The benchmarks end to end on CPU, on small shapes (their CPU timings are a smoke test only)."""
 
 import importlib.util
 import json
@@ -9,9 +9,9 @@ import pytest
 PACKAGE = "{{ cookiecutter.package_name }}"
 
 
-def load_benchmark():
-    path = Path(__file__).parents[1] / "benchmarks" / "bench_rms_norm.py"
-    spec = importlib.util.spec_from_file_location("bench_rms_norm", path)
+def load_benchmark(name="bench_rms_norm"):
+    path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -81,3 +81,18 @@ def test_benchmark_reports_a_wrong_implementation_untimed(tmp_path, monkeypatch,
     ]
     assert rows[1]["status"] == "failed: output or gradient 0 differs from the reference"
     assert "wrong_ops fwd+bwd: failed: output or gradient 0" in capsys.readouterr().out
+
+
+def test_model_benchmark_runs_on_cpu(tmp_path, capsys):
+    bench = load_benchmark("bench_model")
+    out, plot = tmp_path / "rows.json", tmp_path / "model.png"
+    rows = bench.main(["--device", "cpu", "--quick", "--json", str(out), "--plot", str(plot)])
+    assert json.loads(out.read_text())["rows"] == rows
+    assert plot.stat().st_size > 10_000
+    cells = sorted((r["norm"], r["mode"]) for r in rows)
+    assert cells == sorted((n, m) for n in bench.NORMS for m in ("eager", "compile"))
+    for r in rows:
+        assert r["ms"] > 0 and r["tokens_per_s"] > 0 and len(r["times_ms"]) == 2, r
+        # Each norm computes the same model: the first step's loss agrees.
+        assert r["first_loss"] == pytest.approx(rows[0]["first_loss"], rel=1e-4), r
+    assert "64 x 2 layers" in capsys.readouterr().out
