@@ -37,6 +37,8 @@ from {{ cookiecutter.package_name }} import (
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 WORLD_SIZE = min(torch.cuda.device_count(), 2) if DEVICE == "cuda" else 2
 TIMEOUT_S = 240  # a launch, start-up included: a hung collective fails the test, not the suite
+# After a few steps of training: the sharded linear layers add their products in another order.
+TRAINED = dict(rtol=1e-4, atol=1e-5)
 # Rows that two ranks split unevenly on either leading dimension (5 = 3 + 2, 7 = 4 + 3).
 SHAPE = (5, 7, 48)
 
@@ -80,9 +82,10 @@ def run_distributed(check) -> None:
             process.join()
 
 
-def assert_close(dtensor, expected, what):
+def assert_close(dtensor, expected, what, **tolerances):
     # full_tensor() is a collective: every rank calls it, before any rank asserts.
-    torch.testing.assert_close(dtensor.full_tensor(), expected, msg=lambda m: f"{what}: {m}")
+    got = dtensor.full_tensor()
+    torch.testing.assert_close(got, expected, msg=lambda m: f"{what}: {m}", **tolerances)
 
 
 def _inputs(weight: bool):
@@ -187,25 +190,24 @@ def _compiled_dtensor_program(mesh):
         return x * 2.0
 
     x, r, w, _, _ = _inputs(weight=True)
-    for placement in (Shard(0), Shard(1)):
-        leaves = [t.detach().requires_grad_() for t in (x, r, w)]
-        block(*leaves).backward()
-        dx, dr = (distribute_tensor(t, mesh, [placement]).requires_grad_() for t in (x, r))
-        dw = distribute_tensor(w, mesh, [Replicate()]).requires_grad_()
-        compiled = torch.compile(block, fullgraph=True, backend=backend)
-        loss = compiled(dx, dr, dw)
-        loss.backward()
-        assert_close(loss, block(*leaves).detach(), f"compiled loss, {placement}")
-        for got, leaf, name in zip((dx, dr, dw), leaves, ("x", "residual", "w"), strict=True):
-            assert_close(got.grad, leaf.grad, f"compiled {name}.grad, {placement}")
+    leaves = [t.detach().requires_grad_() for t in (x, r, w)]
+    block(*leaves).backward()
+    # Rows sharded on the sequence dimension, as sequence parallelism shards them.
+    dx, dr = (distribute_tensor(t, mesh, [Shard(1)]).requires_grad_() for t in (x, r))
+    dw = distribute_tensor(w, mesh, [Replicate()]).requires_grad_()
+    loss = torch.compile(block, fullgraph=True, backend=backend)(dx, dr, dw)
+    loss.backward()
+    assert_close(loss, block(*leaves).detach(), "compiled loss")
+    for got, leaf, name in zip((dx, dr, dw), leaves, ("x", "residual", "w"), strict=True):
+        assert_close(got.grad, leaf.grad, f"compiled {name}.grad")
 
-        with torch.no_grad():
-            y, h = fused_add_rms_norm(x, r, w)
-            dx, dr = (distribute_tensor(t, mesh, [placement]) for t in (x, r))
-            out = torch.compile(decode_step, fullgraph=True, backend=backend)(dx, dr, dw.detach())
-            assert_close(dx, y, f"compiled in-place x, {placement}")
-            assert_close(dr, h, f"compiled in-place residual, {placement}")
-            assert_close(out, y * 2.0, f"compiled in-place output, {placement}")
+    with torch.no_grad():
+        y, h = fused_add_rms_norm(x, r, w)
+        dx, dr = (distribute_tensor(t, mesh, [Shard(1)]) for t in (x, r))
+        out = torch.compile(decode_step, fullgraph=True, backend=backend)(dx, dr, dw.detach())
+        assert_close(dx, y, "compiled in-place x")
+        assert_close(dr, h, "compiled in-place residual")
+        assert_close(out, y * 2.0, "compiled in-place output")
 
 
 def test_compile_fullgraph_over_dtensors():
@@ -279,9 +281,9 @@ def _parallel_training(mesh):
         return model(x.chunk(mesh.size(), dim=1)[rank]).full_tensor().square().mean()
 
     got = _train(model, _batches(), sequence_shard_loss)
-    torch.testing.assert_close(torch.stack(got), torch.stack(want), msg="TP/SP losses")
+    torch.testing.assert_close(torch.stack(got), torch.stack(want), msg="TP/SP losses", **TRAINED)
     for (name, p), p_ref in zip(model.named_parameters(), reference.parameters(), strict=True):
-        assert_close(p, p_ref.detach(), f"TP/SP {name} after training")
+        assert_close(p, p_ref.detach(), f"TP/SP {name} after training", **TRAINED)
 
     # FSDP2: each rank trains on its share of every batch with its shard of the parameters.
     torch.manual_seed(0)
@@ -294,11 +296,12 @@ def _parallel_training(mesh):
         return _mean_square(model, x.chunk(mesh.size(), dim=0)[rank])
 
     got = _train(model, _batches(), batch_shard_loss)
-    total = torch.stack(got)
-    dist.all_reduce(total)
-    torch.testing.assert_close(total / mesh.size(), torch.stack(want), msg="FSDP2 losses")
+    mean = torch.stack(got)
+    dist.all_reduce(mean)
+    mean /= mesh.size()
+    torch.testing.assert_close(mean, torch.stack(want), msg="FSDP2 losses", **TRAINED)
     for (name, p), p_ref in zip(model.named_parameters(), reference.parameters(), strict=True):
-        assert_close(p, p_ref.detach(), f"FSDP2 {name} after training")
+        assert_close(p, p_ref.detach(), f"FSDP2 {name} after training", **TRAINED)
 
 
 def test_parallel_training_matches_one_process():
