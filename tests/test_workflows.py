@@ -35,6 +35,13 @@ def test_rendered_workflows(tmp_path, variant, gpu_runner):
     ci = (project / ".github" / "workflows" / "ci.yml").read_text()
     assert ("cuda_build" in ci) == (variant == "cpp")
     assert ("self-hosted" in ci) == bool(gpu_runner)
+    release = (project / ".github" / "workflows" / "release.yml").read_text()
+    assert "tags: [\"v*\"]" in release
+    assert "nox -s wheel" in release
+    # Trusted publishing: the OIDC token on the publish job only, no PyPI token anywhere.
+    assert release.count("id-token: write") == 1 and "environment: pypi" in release
+    assert "password" not in release and "secrets." not in release
+    assert ("LOCAL_VERSION=cu130" in release) == (variant == "cpp")
 
 
 def test_template_workflows():

@@ -4,7 +4,8 @@
     nox -s format         format the code as lint wants it (same tools, same versions)
     nox -s tests          install with the documented command into a fresh env, run pytest
     nox -s benchmark      the benchmark (options after --)
-    nox -s build          sdist and wheel into dist/
+    nox -s build          sdist and wheel into dist/ (options after --, e.g. -- --sdist)
+    nox -s wheel          the wheel into dist/, checked, installed, imported outside the source
 {%- if cookiecutter.variant == "cpp" %}
     nox -s cuda_build     build the CUDA kernels (no GPU needed) and check they are registered
 {%- endif %}
@@ -16,6 +17,7 @@ configuration).
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 import nox
@@ -25,6 +27,7 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 {%- if cookiecutter.variant == "cpp" %}
 CUDA_INDEX = "https://download.pytorch.org/whl/cu130"
 BUILD_DEPS = ["setuptools>=77", "wheel", "ninja", "numpy"]  # torch warns at import without numpy
+WHEEL_TAG = "cp{{ cookiecutter.python_min | replace('.', '') }}-abi3"  # one wheel for every Python from {{ cookiecutter.python_min }} on
 {%- else %}
 BUILD_DEPS = ["setuptools>=77", "wheel"]
 {%- endif %}
@@ -101,12 +104,52 @@ def benchmark(session: nox.Session) -> None:
 def build(session: nox.Session) -> None:
     """sdist and wheel in dist/."""
 {%- if cookiecutter.variant == "cpp" %}
-    # The wheel is compiled against the torch installed here (TORCH_SPEC) and loads only into
-    # that torch's major.minor.
+    # The wheel is compiled against the torch installed here (TORCH_SPEC) and loads into every
+    # torch from {{ cookiecutter.torch_min }} on.
     install_torch(session, CPU_INDEX)
 {%- endif %}
     session.install(*BUILD_DEPS, "build")
-    session.run("python", "-m", "build", "--no-isolation", "--outdir", "dist")
+    session.run("python", "-m", "build", "--no-isolation", "--outdir", "dist", *session.posargs)
+
+
+@nox.session
+def wheel(session: nox.Session) -> None:
+    """The wheel into dist/: its tag checked, installed, imported outside the source tree."""
+    install_torch(session, CPU_INDEX)
+    session.install(*BUILD_DEPS, "build")
+    tmp = Path(session.create_tmp())
+    out = tmp / "dist"
+    shutil.rmtree(out, ignore_errors=True)
+    session.run("python", "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out))
+    (built,) = out.glob("*.whl")
+    # name-version-python-abi-platform.whl
+    tag = "-".join(built.stem.split("-")[-3:-1])
+{%- if cookiecutter.variant == "cpp" %}
+    if tag != WHEEL_TAG:
+        session.error(f"{built.name}: tagged {tag}, not {WHEEL_TAG}")
+    session.install("abi3audit", "auditwheel")
+    session.run("abi3audit", "--strict", "--report", str(built))
+    # For information only: the libraries link torch's, which a wheel must not bundle, so
+    # the wheel is not repaired into a manylinux one.
+    session.run("auditwheel", "show", str(built))
+{%- else %}
+    if tag != "py3-none":
+        session.error(f"{built.name}: tagged {tag}, not py3-none (pure Python)")
+{%- endif %}
+    Path("dist").mkdir(exist_ok=True)
+    wheel_path = shutil.copy(built, "dist")
+    session.install(wheel_path)
+    session.chdir(tmp)  # not the project root, whose src/ must not be what is imported
+    session.run("python", "-c", CHECK_INSTALLED)
+
+
+CHECK_INSTALLED = """
+from pathlib import Path
+import {{ cookiecutter.package_name }}
+where = Path({{ cookiecutter.package_name }}.__file__)
+assert "site-packages" in where.parts, f"imported {where}, not the installed wheel"
+print("imported the installed wheel:", where.parent)
+"""
 {%- if cookiecutter.variant == "cpp" %}
 
 
