@@ -33,6 +33,7 @@ COMMON = {
     "tests/test_edge_cases.py",
     "tests/test_fused_add_rms_norm.py",
     "tests/test_nn.py",
+    "tests/test_replace_rms_norm.py",
     "tests/test_export.py",
     "tests/test_hidden_sizes.py",
     "tests/test_benchmark.py",

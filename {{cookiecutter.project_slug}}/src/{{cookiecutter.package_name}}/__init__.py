@@ -6,7 +6,7 @@ import torch
 from ._extension import cuda_built  # first: loads the compiled ops
 {%- endif %}
 from .fused_add_rms_norm import fused_add_rms_norm, fused_add_rms_norm_
-from .nn import RMSNorm
+from .nn import RMSNorm, replace_rms_norm
 from .rms_norm import rms_norm
 
 if torch.distributed.is_available():  # torch builds without it have no DTensor
