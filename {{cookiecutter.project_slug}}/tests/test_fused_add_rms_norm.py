@@ -35,10 +35,9 @@ DTYPES = [
     (torch.bfloat16, torch.bfloat16),
     (torch.bfloat16, torch.float32),
 ]
-# Where fused_add_rms_norm_ writes: into contiguous tensors and, when this is True, into rows a
-# stride apart (slices of wider rows, base[..., :n], as after splitting a fused projection).
-IN_PLACE_STRIDED_ROWS = {% if cookiecutter.variant == 'triton' %}True{% else %}False  # not yet in the C++ kernels: they refuse such rows{% endif %}
-IN_PLACE_LAYOUTS = ["contiguous", "strided"] if IN_PLACE_STRIDED_ROWS else ["contiguous"]
+# Where fused_add_rms_norm_ writes: into contiguous tensors, and into rows a stride apart (slices
+# of wider rows, base[..., :n], as after splitting a fused projection).
+IN_PLACE_LAYOUTS = ["contiguous", "strided"]
 # Row widths the kernels handle differently: a few elements, 16-byte vectors or not, wide rows.
 IN_PLACE_WIDTHS = [8, 768, 769, 5120, 5125, 8192]
 
@@ -411,12 +410,6 @@ def test_in_place_rows_it_cannot_write_are_clear_errors(checked_device):
     x, r, w = inputs((3, 2, 8), (torch.float32, torch.float32), checked_device)
     overlapping = torch.randn(1, 1, 8, device=checked_device).expand(3, 2, 8)  # strides 0
     uneven = torch.randn(3, 4, 8, device=checked_device)[:, :2]  # rows 8, then 24 apart
-    if not IN_PLACE_STRIDED_ROWS:
-        strided = torch.randn(3, 2, 16, device=checked_device)[..., :8]
-        for rows in (strided, overlapping, uneven):
-            with pytest.raises(ValueError, match="x must be contiguous, as fused_add_rms_norm_"):
-                fused_add_rms_norm_(rows, r, w)
-        return
     match = r"x's rows must be one stride apart and not overlap .* got shape \(3, 2, 8\)"
     for rows, strides in ((overlapping, r"\(0, 0, 1\)"), (uneven, r"\(32, 8, 1\)")):
         with pytest.raises(ValueError, match=f"{match} and strides {strides}"):

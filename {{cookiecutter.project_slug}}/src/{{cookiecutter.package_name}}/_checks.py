@@ -142,15 +142,9 @@ def check_in_place_inputs(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None
 ) -> None:
     """Checks the arguments of fused_add_rms_norm_, which writes its results into x and
-    residual: as fused_add_rms_norm's, and both {% if cookiecutter.variant == 'cpp' %}contiguous{% else %}with rows the kernels can write (see row_stride){% endif %}."""
+    residual: as fused_add_rms_norm's, and both with rows the kernels can write (see row_stride)."""
     check_fused_inputs(x, residual, weight)
     for name, t in (("x", x), ("residual", residual)):
-{%- if cookiecutter.variant == 'cpp' %}
-        if not t.is_contiguous():
-            raise ValueError(
-                f"{name} must be contiguous, as fused_add_rms_norm_ writes its result into it"
-            )
-{%- else %}
         _check_rows_to_write(name, t)
 
 
@@ -185,7 +179,6 @@ def _check_rows_to_write(name: str, t: torch.Tensor) -> None:
             "or a slice of a wider one's columns), as fused_add_rms_norm_ writes its result into "
             f"them, got shape {tuple(t.shape)} and strides {t.stride()}"
         )
-{%- endif %}
 
 
 def _byte_range(t: torch.Tensor) -> tuple[int, int] | None:

@@ -220,12 +220,8 @@ def fused_add_rms_norm_(
 
     The ``(y, h)`` of ``fused_add_rms_norm`` written into ``x`` and ``residual`` instead of new
     tensors, so a model allocates nothing per layer (and a CUDA graph replays the same buffers).
-{%- if cookiecutter.variant == 'cpp' %}
-    ``x`` and ``residual`` must be contiguous and overlap neither each other nor ``weight``.
-{%- else %}
     ``x`` and ``residual`` may be slices of wider rows (``base[..., :n]``): each must have
     contiguous rows one stride apart, and overlap neither the other nor ``weight``.
-{%- endif %}
     It has no backward: call it under ``torch.no_grad()`` or ``torch.inference_mode()``.
     """
     check_in_place_inputs(x, residual, weight)
