@@ -42,6 +42,7 @@ COMMON = {
     "noxfile.py",
     "docs/adding_an_op.md",
     ".github/workflows/ci.yml",
+    ".github/workflows/release.yml",
     ".github/dependabot.yml",
     ".github/zizmor.yml",
 }

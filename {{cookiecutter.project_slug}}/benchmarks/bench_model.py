@@ -170,12 +170,12 @@ def table(rows) -> str:
     """A line per model size and mode: each norm's ms per step, and its time relative to the
     torch.nn.RMSNorm model's (below 1.00: faster)."""
     width = max(map(len, NORMS))
-    lines = [f"{'model':<16} {'mode':<8}" + "".join(f" | {n:>{width}}" for n in NORMS)]
+    lines = [f"{'model':<16} {'mode':<8}" + "".join(f" | {n.rjust(width)}" for n in NORMS)]
     for key in dict.fromkeys((r["hidden"], r["layers"], r["mode"]) for r in rows):
         ms = {r["norm"]: r["ms"] for r in rows if (r["hidden"], r["layers"], r["mode"]) == key}
         cells = [f"{ms[n]:.2f} ms {ms[n] / ms[NORMS[0]]:5.2f}" for n in NORMS]
         model = f"{key[0]} x {key[1]} layers"
-        lines.append(f"{model:<16} {key[2]:<8}" + "".join(f" | {c:>{width}}" for c in cells))
+        lines.append(f"{model:<16} {key[2]:<8}" + "".join(f" | {c.rjust(width)}" for c in cells))
     return "\n".join(lines)
 
 
