@@ -1,5 +1,6 @@
 """replace_rms_norm on tiny Hugging Face models built from a config (no downloads): the swapped
-model computes what the original did, keeps its Parameters, and compiles without graph breaks."""
+model computes what the original did, keeps its Parameters, compiles without graph breaks and
+trains under FSDP2 (fully_shard)."""
 
 import copy
 
@@ -47,13 +48,18 @@ def test_swapped_model_matches_the_original(name):
         assert type(new) is RMSNorm
         assert new.weight is old.weight  # the same Parameter object: optimizers keep theirs
         assert new.eps == old.variance_epsilon
+    assert_trains_like(model, original)
+
+
+def assert_trains_like(model, original, grad_of=lambda p: p.grad):
+    """model's logits are original's, and so are its Parameters' gradients (grad_of reads one)."""
     ids = torch.randint(0, 128, (2, 12))
     logits, expected = model(ids).logits, original(ids).logits
     torch.testing.assert_close(logits, expected)
     grad = torch.randn_like(logits)
     logits.backward(grad)
     expected.backward(grad)
-    grads = {n: p.grad for n, p in model.named_parameters()}
+    grads = {n: grad_of(p) for n, p in model.named_parameters()}
     expected_grads = {n: p.grad for n, p in original.named_parameters()}
     # float32 sums in another order, through every layer (the message names the parameter)
     torch.testing.assert_close(grads, expected_grads, rtol=1e-4, atol=1e-4)
@@ -104,3 +110,30 @@ def test_leaves_other_math_alone_and_says_why():
     assert model[2].eps is None and model[3].eps == 1e-5 and model[3].weight is None
     x = torch.randn(3, 64)
     torch.testing.assert_close(model[2](x), torch.nn.functional.rms_norm(x, (64,), model[2].weight))
+
+
+@pytest.fixture
+def one_process_group():
+    """A gloo process group of this process alone (its store in memory: no port, no peer)."""
+    dist = torch.distributed
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_swapped_model_trains_under_fully_shard(one_process_group):
+    # FSDP2 replaces each Parameter with a sharded DTensor and gathers it for the forward: the
+    # swapped norms must compute with the gathered weight and send their gradient to the shard.
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    model = tiny_model("llama")
+    replace_rms_norm(model)
+    expected_model = copy.deepcopy(model)
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    assert_trains_like(model, expected_model, grad_of=lambda p: p.grad.full_tensor())
