@@ -10,6 +10,7 @@ and tokens/s. The norms move a small share of a step's bytes: the table shows wh
 buys in a whole model, not what the kernels buy alone (bench_rms_norm.py measures that)."""
 
 import argparse
+import importlib.util
 import json
 import statistics
 import sys
@@ -118,6 +119,8 @@ def main(argv=None) -> list[dict]:
     add("--json", metavar="PATH", help="write every row as JSON")
     add("--plot", metavar="PATH.png", help="plot each norm's time relative to torch.nn.RMSNorm's")
     args = parser.parse_args(argv)
+    if args.plot and importlib.util.find_spec("matplotlib") is None:  # before the timing
+        parser.error("--plot needs matplotlib: pip install matplotlib")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     sizes, batch, seq, vocab = SIZES, args.batch, args.seq, args.vocab
     if args.quick:
