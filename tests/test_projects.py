@@ -31,7 +31,7 @@ CUDA_TORCH = os.environ.get("TEMPLATE_CUDA_TORCH")
 PATH = f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}"
 # What a fresh 2-core machine may take from rendering to green tests, torch's download excluded
 # (where the index is unreachable, pip installs the torch wheel from this machine's disk).
-README_SECONDS = {"triton": 7 * 60, "cpp": 9 * 60}
+README_SECONDS = {"triton": 8 * 60, "cpp": 10 * 60}
 
 
 def nox(project, *sessions, env=NOX_ENV, reuse=False, succeeds=True):
