@@ -31,6 +31,7 @@ import nox
 
 nox.options.sessions = ["lint", "tests"]
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+DISTRIBUTION = {{ cookiecutter.project_slug | toml_str }}
 {%- if cookiecutter.variant == "cpp" %}
 CUDA_INDEX = "https://download.pytorch.org/whl/cu130"
 # nvcc and the CUDA headers from PyPI, for CUDA_INDEX's CUDA: no CUDA toolkit needed.
@@ -192,7 +193,7 @@ def wheel(session: nox.Session) -> None:
     wheel_path = shutil.copy(built, "dist")
     # This build, also over an earlier one of the same version (and not session.install: nox -R
     # skips that).
-    session.run("python", "-m", "pip", "uninstall", "--yes", "{{ cookiecutter.project_slug }}")
+    session.run("python", "-m", "pip", "uninstall", "--yes", DISTRIBUTION)
     session.run("python", "-m", "pip", "install", wheel_path)
     session.chdir(tmp)  # not the project root, whose src/ must not be what is imported
     session.run("python", "-c", CHECK_INSTALLED)
