@@ -160,6 +160,11 @@ def test_rendered_project_with_an_added_op_lints_and_passes_its_readme_commands(
     seconds = time.monotonic() - start
     add_gemma_norm(project, variant)
     nox(project, "lint")
+    if variant == "cpp":
+        # The new op's CUDA kernels compile, as its guide says to check, with no GPU or CUDA
+        # toolkit (one architecture is enough for that).
+        output = nox(project, "cuda_check", env={**NOX_ENV, "TORCH_CUDA_ARCH_LIST": "8.0"})
+        assert re.search(r"^\[\d+/\d+\] .* \S*csrc/cuda/my_norm\.cu ", output, re.M)
     start = time.monotonic()
     output = run_readme_commands(project, tmp_path)
     seconds += time.monotonic() - start
