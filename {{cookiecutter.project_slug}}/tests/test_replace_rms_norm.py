@@ -126,14 +126,17 @@ def one_process_group():
 def test_swapped_model_trains_under_fully_shard(one_process_group):
     # FSDP2 replaces each Parameter with a sharded DTensor and gathers it for the forward: the
     # swapped norms must compute with the gathered weight and send their gradient to the shard.
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
     model = tiny_model("llama")
     replace_rms_norm(model)
     expected_model = copy.deepcopy(model)
+    # On the CPU, where the model is: without a mesh, fully_shard takes a GPU where there is one.
+    mesh = init_device_mesh("cpu", (1,))
     for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     assert all(isinstance(p, DTensor) for p in model.parameters())
     assert_trains_like(model, expected_model, grad_of=lambda p: p.grad.full_tensor())
