@@ -1,6 +1,17 @@
 """Argument checks shared by the public API and the fake impls, so that bad input fails the same
 way in eager mode, under torch.compile and on meta tensors: a Python exception naming the argument,
-never a crash inside a kernel."""
+never a crash inside a kernel.
+
+The building blocks of a new op's checks (``name`` is the argument's name in the message):
+
+- ``check_float_tensor(name, t)``: a tensor of a dtype the kernels take (TypeError);
+- ``check_same_device(name, t, ref_name, ref)``: on ref's device (ValueError);
+- ``check_like(name, t, ref_name, ref)``: ref's shape and device (ValueError);
+- ``check_dtype(name, t, dtype, dtype_of)``: the dtype of argument ``dtype_of`` (TypeError);
+- ``as_float(name, value)``: a float argument as the ops take it, a Python float (TypeError);
+- ``check_no_grad(op, **tensors)``: for an op without a backward, none requires grad
+  (RuntimeError).
+"""
 
 from __future__ import annotations
 
@@ -19,23 +30,43 @@ def _check_dtype(name: str, dtype: torch.dtype) -> None:
         raise TypeError(f"{name} must be float32, float16, bfloat16 or float64, got {dtype}")
 
 
-def _check_device(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+def check_float_tensor(name: str, t: torch.Tensor) -> None:
+    """t (argument ``name``) is a tensor of one of the FLOAT_DTYPES, which the kernels take."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    _check_dtype(name, t.dtype)
+
+
+def check_same_device(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
     if t.device != ref.device:
         raise ValueError(f"{name} must be on {ref_name}'s device ({ref.device}), got {t.device}")
 
 
-def _check_like(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+def check_like(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
     """t (argument ``name``) has the shape and device of ref (argument ``ref_name``)."""
     if t.shape != ref.shape:
         raise ValueError(
             f"{name} must have {ref_name}'s shape {tuple(ref.shape)}, got {tuple(t.shape)}"
         )
-    _check_device(name, t, ref_name, ref)
+    check_same_device(name, t, ref_name, ref)
 
 
-def _check_same_dtype(name: str, t: torch.Tensor, dtype: torch.dtype, dtype_of: str) -> None:
+def check_dtype(name: str, t: torch.Tensor, dtype: torch.dtype, dtype_of: str) -> None:
+    """t (argument ``name``) has dtype ``dtype``, that of argument ``dtype_of``."""
     if t.dtype != dtype:
         raise TypeError(f"{name} must have {dtype_of}'s dtype ({dtype}), got {t.dtype}")
+
+
+def check_no_grad(op: str, **tensors: torch.Tensor | None) -> None:
+    """For op, which has no backward: while autograd records, no tensor argument requires grad,
+    which would otherwise leave a result that silently has no gradient."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if t is not None and t.requires_grad:
+            raise RuntimeError(
+                f"{op} has no backward, but {name} requires grad: call it under torch.no_grad()"
+            )
 
 
 def _check_residual_dtype(x_name: str, x_dtype: torch.dtype, name: str, dtype: torch.dtype) -> None:
@@ -53,17 +84,22 @@ def _check_rstd(rstd: torch.Tensor, x_name: str, x: torch.Tensor) -> None:
     want = compute_dtype(x)
     if rstd.dtype != want:
         raise TypeError(f"rstd must be {want} for {x_name} of dtype {x.dtype}, got {rstd.dtype}")
-    _check_device("rstd", rstd, x_name, x)
+    check_same_device("rstd", rstd, x_name, x)
+
+
+def as_float(name: str, value: float) -> float:
+    """A float argument (``name``) as the ops take it, a Python float, or an error that names it."""
+    if isinstance(value, (str, bool)):  # float() would take "1e-6" and True
+        raise TypeError(f"{name} must be a float, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several elements
+        raise TypeError(f"{name} must be a float, got {value!r}") from None
 
 
 def as_eps(eps: float) -> float:
     """eps as the ops take it (a Python float), or an error that names it."""
-    if isinstance(eps, (str, bool)):  # float() would take "1e-6" and True
-        raise TypeError(f"eps must be a float, got {eps!r}")
-    try:
-        eps = float(eps)
-    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several elements
-        raise TypeError(f"eps must be a float, got {eps!r}") from None
+    eps = as_float("eps", eps)
     if not eps >= 0:  # also NaN; either would make rows NaN
         raise ValueError(f"eps must be >= 0, got {eps}")
     return eps
@@ -92,7 +128,7 @@ def check_inputs(x: torch.Tensor, weight: torch.Tensor | None, x_name: str = "x"
             f"weight must have shape ({x.shape[-1]},) to match the last dimension of {x_name}, "
             f"got {tuple(weight.shape)}"
         )
-    _check_device("weight", weight, x_name, x)
+    check_same_device("weight", weight, x_name, x)
 
 
 def check_bwd_inputs(
@@ -100,9 +136,9 @@ def check_bwd_inputs(
 ) -> None:
     """Checks the arguments of the backward op (normally produced by autograd, not by users)."""
     check_inputs(x, weight)
-    _check_like("grad_y", grad_y, "x", x)
+    check_like("grad_y", grad_y, "x", x)
     # The kernels read grad_y in x's dtype; autograd always produces it so.
-    _check_same_dtype("grad_y", grad_y, x.dtype, "x")
+    check_dtype("grad_y", grad_y, x.dtype, "x")
     _check_rstd(rstd, "x", x)
 
 
@@ -111,10 +147,8 @@ def check_fused_inputs(
 ) -> None:
     """Checks the arguments of fused_add_rms_norm(x, residual, weight)."""
     check_inputs(x, weight)
-    if not isinstance(residual, torch.Tensor):
-        raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
-    _check_dtype("residual", residual.dtype)
-    _check_like("residual", residual, "x", x)
+    check_float_tensor("residual", residual)
+    check_like("residual", residual, "x", x)
     _check_residual_dtype("x", x.dtype, "residual", residual.dtype)
 
 
@@ -127,14 +161,12 @@ def check_fused_bwd_inputs(
 ) -> None:
     """Checks the arguments of the fused backward op (normally produced by autograd)."""
     check_inputs(new_residual, weight, "new_residual")
-    _check_like("grad_y", grad_y, "new_residual", new_residual)
+    check_like("grad_y", grad_y, "new_residual", new_residual)
     _check_dtype("grad_y", grad_y.dtype)
     _check_residual_dtype("grad_y", grad_y.dtype, "new_residual", new_residual.dtype)
     if grad_new_residual is not None:
-        _check_like("grad_new_residual", grad_new_residual, "new_residual", new_residual)
-        _check_same_dtype(
-            "grad_new_residual", grad_new_residual, new_residual.dtype, "new_residual"
-        )
+        check_like("grad_new_residual", grad_new_residual, "new_residual", new_residual)
+        check_dtype("grad_new_residual", grad_new_residual, new_residual.dtype, "new_residual")
     _check_rstd(rstd, "new_residual", new_residual)
 
 
