@@ -109,6 +109,433 @@ GEMMA = """cpu::weight_or_ones(
       x, acc_dtype)"""
 
 
+def add_scaled_silu(project, variant):
+    """Adds an op that is not a norm as docs/adding_an_op.md says: the commands of its §1 under
+    the new name, then the changes of its §3 (one output, nothing extra to save): scaled_silu(x,
+    alpha) = alpha * x * sigmoid(x), one op with register_autograd on it and a backward op,
+    elementwise kernels, and a short test file on the harness of tests/op_tests.py."""
+    commands = guide_commands(project)
+    assert commands.startswith("op=my_norm Op=MyNorm\n")
+    commands = commands.replace("op=my_norm Op=MyNorm", "op=scaled_silu Op=ScaledSilu", 1)
+    env = {**NOX_ENV, "PATH": PATH}
+    bash = ["bash", "-euc", commands]
+    run = subprocess.run(bash, cwd=project, env=env, check=True, stdout=subprocess.PIPE, text=True)
+    # The guide's last command lists the lines of the copies that still speak of rms_norm.
+    assert re.search(r"^src/acme_ops/scaled_silu\.py:1:.*RMSNorm", run.stdout, re.M), run.stdout
+    pkg = project / "src" / "acme_ops"
+    if variant == "cpp":
+        files = {"csrc/scaled_silu.cpp": SILU_CPP, "csrc/cuda/scaled_silu.cu": SILU_CU}
+        module = SILU_HEAD_CPP + SILU_REFERENCE + SILU_FAKES + SILU_AUTOGRAD
+    else:
+        files = {"src/acme_ops/scaled_silu_kernels.py": SILU_KERNELS}
+        module = SILU_HEAD_TRITON + SILU_REFERENCE + SILU_TRITON_OPS + SILU_AUTOGRAD
+    files["src/acme_ops/scaled_silu.py"] = module
+    files["tests/test_scaled_silu.py"] = silu_test(variant)
+    for path, text in files.items():
+        (project / path).write_text(text)
+    # Its ops' lines in sharding.py, in place of the rms_norm ones that §1 copied.
+    sharding = pkg / "sharding.py"
+    rules = re.sub(r"^    ops\.scaled_silu.*\n", "", sharding.read_text(), flags=re.M)
+    sharding.write_text(rules.replace("RULES = {\n", "RULES = {\n" + SILU_RULES, 1))
+
+
+SILU_RULES = """\
+    ops.scaled_silu.default: ((ROWS, None), (ROWS,)),
+    ops.scaled_silu_bwd.default: ((ROWS, ROWS, None), (ROWS,)),
+"""
+
+SILU_HEAD_CPP = '''\
+"""scaled_silu(x, alpha) = alpha * x * sigmoid(x), elementwise: one op, whose backward reads only
+its input, and a backward op. Schemas and CPU kernels in ``csrc/scaled_silu.cpp``, CUDA kernels in
+``csrc/cuda/scaled_silu.cu``."""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import as_float, check_dtype, check_float_tensor, check_like, compute_dtype
+
+'''
+
+SILU_HEAD_TRITON = '''\
+"""scaled_silu(x, alpha) = alpha * x * sigmoid(x), elementwise: one op, whose backward reads only
+its input, and a backward op. CUDA tensors run the Triton kernels of ``scaled_silu_kernels.py``;
+other devices the same math in PyTorch."""
+
+from __future__ import annotations
+
+import torch
+from torch.library import triton_op
+
+from . import scaled_silu_kernels as kernels
+from ._checks import as_float, check_dtype, check_float_tensor, check_like, compute_dtype
+
+'''
+
+SILU_REFERENCE = '''\
+ops = torch.ops.acme_ops
+
+
+def scaled_silu_reference(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """In plain PyTorch, math in float32 (float64 for float64 ``x``)."""
+    xf = x.to(compute_dtype(x))
+    return (alpha * xf * torch.sigmoid(xf)).to(x.dtype)
+
+
+'''
+
+SILU_FAKES = """\
+@torch.library.register_fake("acme_ops::scaled_silu")
+def _(x, alpha):
+    check_float_tensor("x", x)
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("acme_ops::scaled_silu_bwd")
+def _(grad_y, x, alpha):
+    check_float_tensor("x", x)
+    check_like("grad_y", grad_y, "x", x)
+    check_dtype("grad_y", grad_y, x.dtype, "x")
+    return x.new_empty(x.shape)
+
+
+"""
+
+SILU_TRITON_OPS = """\
+@triton_op("acme_ops::scaled_silu", mutates_args=())
+def _scaled_silu(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    check_float_tensor("x", x)
+    if x.device.type != "cuda":
+        return scaled_silu_reference(x, alpha).contiguous()
+    return kernels.scaled_silu_fwd(x, alpha)
+
+
+@triton_op("acme_ops::scaled_silu_bwd", mutates_args=())
+def _scaled_silu_bwd(grad_y: torch.Tensor, x: torch.Tensor, alpha: float) -> torch.Tensor:
+    check_float_tensor("x", x)
+    check_like("grad_y", grad_y, "x", x)
+    check_dtype("grad_y", grad_y, x.dtype, "x")
+    if x.device.type != "cuda":
+        xf = x.to(compute_dtype(x))
+        s = torch.sigmoid(xf)
+        return (grad_y * alpha * s * (1 + xf * (1 - s))).to(x.dtype).contiguous()
+    return kernels.scaled_silu_bwd(grad_y, x, alpha)
+
+
+"""
+
+SILU_AUTOGRAD = '''\
+def _setup_context(ctx, inputs, output):
+    x, ctx.alpha = inputs
+    ctx.save_for_backward(x)
+
+
+def _backward(ctx, grad_y):
+    (x,) = ctx.saved_tensors
+    return ops.scaled_silu_bwd(grad_y, x, ctx.alpha), None  # None: no gradient for alpha
+
+
+torch.library.register_autograd("acme_ops::scaled_silu", _backward, setup_context=_setup_context)
+
+
+def scaled_silu(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """``alpha * x * sigmoid(x)``, differentiable in ``x``; ``y`` has ``x``'s dtype."""
+    check_float_tensor("x", x)
+    return ops.scaled_silu(x, as_float("alpha", alpha))
+'''
+
+SILU_TEST = '''\
+"""scaled_silu: the checks of every op (op_tests.py) on its samples."""
+
+{pytest}import torch
+from op_tests import {harness}
+
+from acme_ops import {modules}
+from acme_ops.scaled_silu import scaled_silu_reference
+
+
+class TestScaledSilu(DifferentiableOpTests):
+    function = staticmethod(scaled_silu)
+    reference = staticmethod(scaled_silu_reference)
+    namespace = torch.ops.acme_ops.name
+    dtypes = [torch.float32, torch.bfloat16]
+
+    def samples(self, device, dtype):
+        for shape in [(7,), (3, 1000), (0, 8)]:  # the first, non-empty, for the CUDA graph
+            yield Sample((torch.randn(shape, dtype=dtype, device=device), 1.5))
+        yield Sample((torch.randn(40, 30, dtype=dtype, device=device).t(), -0.5))  # strided
+
+    def gradcheck_samples(self, device):
+        yield Sample((torch.randn(3, 17, device=device), 0.7))
+        yield Sample((torch.randn(16, 6, device=device).t(), 2.0))
+
+    def bad_calls(self):
+        def call(x_dtype=torch.float32, alpha=1.0):
+            return lambda device: Sample((torch.ones(4, device=device).to(x_dtype), alpha))
+
+        return [
+            BadCall(call(torch.int32), TypeError, "x must be float32.*got torch.int32$"),
+            BadCall(call(alpha="2"), TypeError, "alpha must be a float"),
+        ]
+'''
+
+
+def silu_test(variant):
+    """The new op's test file as its author writes it: the harness's class, and for triton a test
+    of the Triton kernels themselves."""
+    if variant == "cpp":
+        return SILU_TEST.format(
+            pytest="", harness="BadCall, DifferentiableOpTests, Sample", modules="scaled_silu"
+        )
+    return (
+        SILU_TEST.format(
+            pytest="import pytest\n",
+            harness="TOL, BadCall, DifferentiableOpTests, Sample, assert_close",
+            modules="scaled_silu, scaled_silu_kernels",
+        )
+        + SILU_KERNELS_TEST
+    )
+
+
+SILU_KERNELS_TEST = """\
+
+
+# The Triton kernels called directly: without a GPU, the tests that run them (see kernel_device).
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+def test_kernels(kernel_device, dtype):
+    x = torch.randn(3, 1100, dtype=dtype, device=kernel_device)
+    dy = torch.randn_like(x)
+    x64 = x.double().requires_grad_()
+    want = scaled_silu_reference(x64, 1.5)
+    want.backward(dy.double())
+    assert_close(scaled_silu_kernels.scaled_silu_fwd(x, 1.5), want, TOL[dtype])
+    assert_close(scaled_silu_kernels.scaled_silu_bwd(dy, x, 1.5), x64.grad, TOL[dtype])
+"""
+
+SILU_CPP = """\
+// scaled_silu(x, alpha) = alpha * x * sigmoid(x), elementwise: the op schemas
+// and the CPU kernels.
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <cmath>
+
+#include "checks.h"
+#include "cpu_blocks.h"
+
+STABLE_TORCH_LIBRARY_FRAGMENT(acme_ops, m) {
+  m.def("scaled_silu(Tensor x, float alpha) -> Tensor");
+  m.def("scaled_silu_bwd(Tensor grad_y, Tensor x, float alpha) -> Tensor");
+}
+
+namespace acme_ops {
+namespace {
+
+Tensor scaled_silu(const Tensor& x_in, double alpha) {
+  check_float_dtype("scaled_silu", "x", x_in.scalar_type());
+  const Tensor x = as_contiguous(x_in);
+  Tensor y = torch::stable::new_empty(x, x.sizes());
+  with_float_type(x.scalar_type(), [&](auto t) {
+    using T = decltype(t);
+    const acc_type<T> a(alpha);
+    cpu::map_elements(
+        x.numel(), y.mutable_data_ptr<T>(),
+        [&](auto v) { return a * v / (1 + std::exp(-v)); },
+        x.const_data_ptr<T>());
+  });
+  return y;
+}
+
+// d/dx alpha * x * s = alpha * s * (1 + x * (1 - s)), s = sigmoid(x).
+Tensor scaled_silu_bwd(const Tensor& grad_y, const Tensor& x_in, double alpha) {
+  constexpr const char* op = "scaled_silu_bwd";
+  check_float_dtype(op, "x", x_in.scalar_type());
+  check_like(op, "grad_y", grad_y, "x", x_in);
+  check_dtype(op, "grad_y", grad_y, x_in.scalar_type(), "x");
+  const Tensor x = as_contiguous(x_in);
+  const Tensor dy = as_contiguous(grad_y);
+  Tensor dx = torch::stable::new_empty(x, x.sizes());
+  with_float_type(x.scalar_type(), [&](auto t) {
+    using T = decltype(t);
+    const acc_type<T> a(alpha);
+    cpu::map_elements(
+        x.numel(), dx.mutable_data_ptr<T>(),
+        [&](auto g, auto v) {
+          const auto s = 1 / (1 + std::exp(-v));
+          return g * a * s * (1 + v * (1 - s));
+        },
+        dy.const_data_ptr<T>(), x.const_data_ptr<T>());
+  });
+  return dx;
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(acme_ops, CPU, m) {
+  m.impl("scaled_silu", TORCH_BOX(&scaled_silu));
+  m.impl("scaled_silu_bwd", TORCH_BOX(&scaled_silu_bwd));
+}
+
+}  // namespace acme_ops
+"""
+
+SILU_CU = """\
+// CUDA kernels of scaled_silu and scaled_silu_bwd (schemas in
+// ../scaled_silu.cpp): a thread per element, in a grid-stride loop.
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/macros.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <algorithm>
+
+#include "../checks.h"
+#include "blocks.cuh"
+
+namespace acme_ops {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+__global__ void scaled_silu_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                   int64_t n, acc_type<T> alpha) {
+  using acc_t = acc_type<T>;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const acc_t v = acc_t(x[i]);
+    y[i] = T(alpha * v / (1 + exp(-v)));
+  }
+}
+
+template <typename T>
+__global__ void scaled_silu_bwd_kernel(const T* __restrict__ dy,
+                                       const T* __restrict__ x,
+                                       T* __restrict__ dx, int64_t n,
+                                       acc_type<T> alpha) {
+  using acc_t = acc_type<T>;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const acc_t v = acc_t(x[i]);
+    const acc_t s = 1 / (1 + exp(-v));
+    dx[i] = T(acc_t(dy[i]) * alpha * s * (1 + v * (1 - s)));
+  }
+}
+
+// Blocks for n elements, capped: the grid-stride loop covers the rest.
+unsigned blocks_for(int64_t n) {
+  return unsigned(std::min<int64_t>((n + kThreads - 1) / kThreads, 65536));
+}
+
+Tensor scaled_silu(const Tensor& x_in, double alpha) {
+  check_float_dtype("scaled_silu", "x", x_in.scalar_type());
+  const torch::stable::accelerator::DeviceGuard guard(x_in.get_device_index());
+  const Tensor x = as_contiguous(x_in);
+  Tensor y = torch::stable::new_empty(x, x.sizes());
+  const int64_t n = x.numel();
+  if (n == 0) {
+    return y;
+  }
+  with_float_type(x.scalar_type(), [&](auto t) {
+    using T = decltype(t);
+    scaled_silu_kernel<T><<<blocks_for(n), kThreads, 0, current_stream(x)>>>(
+        x.const_data_ptr<T>(), y.mutable_data_ptr<T>(), n, acc_type<T>(alpha));
+    STD_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return y;
+}
+
+Tensor scaled_silu_bwd(const Tensor& grad_y, const Tensor& x_in, double alpha) {
+  constexpr const char* op = "scaled_silu_bwd";
+  check_float_dtype(op, "x", x_in.scalar_type());
+  check_like(op, "grad_y", grad_y, "x", x_in);
+  check_dtype(op, "grad_y", grad_y, x_in.scalar_type(), "x");
+  const torch::stable::accelerator::DeviceGuard guard(x_in.get_device_index());
+  const Tensor x = as_contiguous(x_in);
+  const Tensor dy = as_contiguous(grad_y);
+  Tensor dx = torch::stable::new_empty(x, x.sizes());
+  const int64_t n = x.numel();
+  if (n == 0) {
+    return dx;
+  }
+  with_float_type(x.scalar_type(), [&](auto t) {
+    using T = decltype(t);
+    scaled_silu_bwd_kernel<T>
+        <<<blocks_for(n), kThreads, 0, current_stream(x)>>>(
+            dy.const_data_ptr<T>(), x.const_data_ptr<T>(),
+            dx.mutable_data_ptr<T>(), n, acc_type<T>(alpha));
+    STD_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return dx;
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(acme_ops, CUDA, m) {
+  m.impl("scaled_silu", TORCH_BOX(&scaled_silu));
+  m.impl("scaled_silu_bwd", TORCH_BOX(&scaled_silu_bwd));
+}
+
+}  // namespace acme_ops
+"""
+
+SILU_KERNELS = '''\
+"""scaled_silu's Triton kernels, a block of elements a program, and the functions that launch
+them. Math in float32 (float64 for float64)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .blocks import wrap
+
+BLOCK = 1024
+
+
+@triton.jit
+def _fwd_kernel(X, Y, n, alpha: tl.float64, BLOCK: tl.constexpr):
+    DTYPE: tl.constexpr = tl.float64 if X.dtype.element_ty == tl.float64 else tl.float32
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(X + offsets, mask=mask).to(DTYPE)
+    y = (alpha * x).to(DTYPE) / (1 + tl.exp(-x))  # alpha: float64, as passed
+    tl.store(Y + offsets, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bwd_kernel(DY, X, DX, n, alpha: tl.float64, BLOCK: tl.constexpr):
+    DTYPE: tl.constexpr = tl.float64 if X.dtype.element_ty == tl.float64 else tl.float32
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(X + offsets, mask=mask).to(DTYPE)
+    s = 1 / (1 + tl.exp(-x))
+    dx = tl.load(DY + offsets, mask=mask).to(DTYPE) * (alpha * s).to(DTYPE) * (1 + x * (1 - s))
+    tl.store(DX + offsets, dx.to(DX.dtype.element_ty), mask=mask)
+
+
+def scaled_silu_fwd(x: Tensor, alpha: float) -> Tensor:
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    if x.numel() > 0:
+        wrap(_fwd_kernel)[(triton.cdiv(x.numel(), BLOCK),)](x, y, x.numel(), alpha, BLOCK=BLOCK)
+    return y
+
+
+def scaled_silu_bwd(grad_y: Tensor, x: Tensor, alpha: float) -> Tensor:
+    grad_y, x = grad_y.contiguous(), x.contiguous()
+    dx = torch.empty_like(x)
+    if x.numel() > 0:
+        grid = (triton.cdiv(x.numel(), BLOCK),)
+        wrap(_bwd_kernel)[grid](grad_y, x, dx, x.numel(), alpha, BLOCK=BLOCK)
+    return dx
+'''
+
+
 def readme_commands(project) -> str:
     """The bash block of the README's "Install and test" section, the one block there."""
     readme = (project / "README.md").read_text()
@@ -159,12 +586,14 @@ def test_rendered_project_with_an_added_op_lints_and_passes_its_readme_commands(
     project = render(tmp_path, variant=variant, package_name="acme_ops")
     seconds = time.monotonic() - start
     add_gemma_norm(project, variant)
+    add_scaled_silu(project, variant)
     nox(project, "lint")
     if variant == "cpp":
-        # The new op's CUDA kernels compile, as its guide says to check, with no GPU or CUDA
+        # The new ops' CUDA kernels compile, as its guide says to check, with no GPU or CUDA
         # toolkit (one architecture is enough for that).
         output = nox(project, "cuda_check", env={**NOX_ENV, "TORCH_CUDA_ARCH_LIST": "8.0"})
-        assert re.search(r"^\[\d+/\d+\] .* \S*csrc/cuda/my_norm\.cu ", output, re.M)
+        for op in ("my_norm", "scaled_silu"):
+            assert re.search(rf"^\[\d+/\d+\] .* \S*csrc/cuda/{op}\.cu ", output, re.M), op
     start = time.monotonic()
     output = run_readme_commands(project, tmp_path)
     seconds += time.monotonic() - start
@@ -174,18 +603,20 @@ def test_rendered_project_with_an_added_op_lints_and_passes_its_readme_commands(
     # The README's "Use" example runs as written in the environment its commands made.
     python = project / ".venv" / "bin" / "python"
     subprocess.run([python, "-c", readme_use_code(project)], cwd=project, check=True)
-    # The new op's tests ran and passed: values, gradients, opcheck, torch.compile, and in Triton
-    # its kernels, through the interpreter, against the new reference.
-    ran = re.findall(r"^PASSED tests/test_my_norm\.py::(\S+)", output, re.M)
-    for name in (
-        "TestMyNorm::test_values",
-        "TestMyNorm::test_gradients",
-        "TestMyNorm::test_gradcheck",
-        "TestMyNorm::test_opcheck",
-        "TestMyNorm::test_compile_fullgraph",
-        *(["test_kernels"] if variant == "triton" else []),
-    ):
-        assert any(t.startswith(name) for t in ran), name
+    # The new ops' tests ran and passed: values, gradients, opcheck, torch.compile, bad calls, and
+    # in Triton their kernels, through the interpreter, against the new references.
+    for op, cls in (("my_norm", "TestMyNorm"), ("scaled_silu", "TestScaledSilu")):
+        ran = re.findall(rf"^PASSED tests/test_{op}\.py::(\S+)", output, re.M)
+        for name in (
+            f"{cls}::test_values",
+            f"{cls}::test_gradients",
+            f"{cls}::test_gradcheck",
+            f"{cls}::test_opcheck",
+            f"{cls}::test_compile_fullgraph",
+            f"{cls}::test_bad_calls",
+            *(["test_kernels"] if variant == "triton" else []),
+        ):
+            assert any(t.startswith(name) for t in ran), (op, name)
     # What is skipped is the CUDA half of the suite, summed up in one line.
     assert re.search(
         r"^\d+ tests skipped: they need a GPU and CUDA is not available$", output, re.M
@@ -193,7 +624,8 @@ def test_rendered_project_with_an_added_op_lints_and_passes_its_readme_commands(
     assert "SKIPPED" not in output
     if variant == "cpp":
         # The build shows its progress, a [k/n] line per compiled file, and no compiler warning.
-        assert re.search(r"^ *\[\d+/\d+\] .* \S*csrc/my_norm\.cpp ", output, re.M)
+        for op in ("my_norm", "scaled_silu"):
+            assert re.search(rf"^ *\[\d+/\d+\] .* \S*csrc/{op}\.cpp ", output, re.M), op
         assert ": warning:" not in output and "Failed to initialize NumPy" not in output
 
 
@@ -226,9 +658,9 @@ def test_rendered_build_gives_a_complete_sdist_and_a_wheel(variant, tmp_path):
 )
 def test_cpp_cuda_build_without_a_gpu(tmp_path):
     project = render(tmp_path, variant="cpp", package_name="acme_ops")
-    # The rendered default architectures (sm_80 and sm_90), as the rendered CI builds them.
-    env = {**NOX_ENV, "TORCH_SPEC": CUDA_TORCH}
-    env.pop("TORCH_CUDA_ARCH_LIST", None)
+    # One architecture: the added-op test's cuda_check compiles every kernel for sm_80 (with the
+    # same spill check), this build links and loads them for sm_90.
+    env = {**NOX_ENV, "TORCH_SPEC": CUDA_TORCH, "TORCH_CUDA_ARCH_LIST": "9.0"}
     output = nox(project, "cuda_build", env=env)
     assert "CUDA kernels registered" in output
     # The session also fails on register spills, which launch bounds can cause: add a kernel that
