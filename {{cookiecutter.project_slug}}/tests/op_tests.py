@@ -2,11 +2,14 @@
 what is particular to the op: its public function, its float64 reference, its sample inputs, its
 tolerances and the bad calls it must refuse. pytest then runs each check below on it:
 
-- values against the reference run in float64, with the dtypes and shapes it gives;
+- values against the reference run in float64, with the dtypes and shapes it gives, and nothing
+  written outside the arguments the op mutates (an in-place op's values are those arguments);
 - calls without gradient (the op without autograd's extras) give what calls with gradient give;
 - gradients through every output against the reference's, and ``gradcheck`` in float64;
-- ``torch.library.opcheck`` on every operator overload the function calls, forward and backward;
-- ``torch.compile(fullgraph=True, dynamic=True)``: no graph break, the same values and gradients;
+- ``torch.library.opcheck`` on every operator overload the function calls, forward and backward
+  (the backward also with gradient reaching one output alone);
+- ``torch.compile(fullgraph=True, dynamic=True)``: no graph break, the same values and gradients
+  (an in-place op: its arguments written once);
 - a CUDA graph capture and replay (on a GPU);
 - each declared bad call raises the declared exception, on CPU, CUDA and meta tensors.
 """
@@ -84,6 +87,28 @@ def differentiable(t) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype.is_floating_point
 
 
+def copy_laid_out(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A copy of t (in dtype) with its strides and offset, in a copy of its whole buffer:
+    ``clone()`` makes a slice of wider rows contiguous, and an op must see the layout given."""
+    buffer = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())
+    copy = buffer.to(dtype or t.dtype, copy=True)
+    return copy.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+def outside(tensors: list[torch.Tensor], written: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A copy of each tensor's buffer but the elements of the tensors in written: what an op that
+    writes only into those must leave as it found."""
+    kept = []
+    for t in tensors:
+        buffer = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())
+        keep = torch.ones_like(buffer, dtype=torch.bool)
+        for w in written:
+            if w.dtype == t.dtype and w.untyped_storage().data_ptr() == buffer.data_ptr():
+                keep.as_strided(w.shape, w.stride(), w.storage_offset()).fill_(False)
+        kept.append(buffer[keep])
+    return kept
+
+
 def assert_close(actual, expected, tol, what=""):
     torch.testing.assert_close(
         actual.double(), expected.double(), atol=tol, rtol=tol, msg=lambda m: f"{what}: {m}"
@@ -118,7 +143,6 @@ class OpTests:
     backward: bool  # set by the two kinds below
     check_forward_ad: bool = False  # gradcheck forward-mode AD too (the op must support it)
     mutates: tuple[int, ...] = ()  # an in-place op: the positions of the arguments it writes
-    compile_backend: str = "inductor"
 
     def samples(self, device: str, dtype) -> Iterable[Sample]:
         """Inputs to check the values and gradients with: shapes, strides and edge cases."""
@@ -128,8 +152,16 @@ class OpTests:
         """Small float64 inputs for gradcheck and opcheck."""
         raise NotImplementedError
 
+    def compile_samples(self, device: str) -> Iterable[Sample]:
+        """Inputs for the compile test, which runs them in float32: by default gradcheck's."""
+        return self.gradcheck_samples(device)
+
     def bad_calls(self) -> Iterable[BadCall]:
         return []
+
+    def compile_backend(self, device: str) -> str:
+        """torch.compile's backend in the compile test."""
+        return "inductor"
 
     def tolerance(self, dtype: torch.dtype) -> float:
         return TOL[dtype]
@@ -148,8 +180,8 @@ class OpTests:
 
     # The checks.
 
-    def call(self, sample: Sample):
-        result = type(self).function(*sample.args, **sample.kwargs)
+    def call(self, sample: Sample, function: Callable | None = None):
+        result = (function or type(self).function)(*sample.args, **sample.kwargs)
         if self.mutates:  # an in-place op: its results are the arguments it wrote
             return [sample.args[i] for i in self.mutates]
         return result
@@ -159,14 +191,22 @@ class OpTests:
 
     def test_values(self, device, dtype):
         for sample in self.samples(device, dtype):
-            want = outputs_of(self.call_reference(sample.map(lambda t: t.double())))
-            like = outputs_of(self.call_reference(sample.map(lambda t: t.to("meta"))))
-            poison_cache(device, sum(t.numel() for t in like))
-            got = outputs_of(self.call(sample))
-            assert len(got) == len(want), sample
-            for i, (g, w, m) in enumerate(zip(got, want, like, strict=True)):
-                assert (g.shape, g.dtype) == (m.shape, m.dtype), f"{sample}: output {i}"
-                assert_close(g, w, self.output_tolerance(sample, g), f"{sample}: output {i}")
+            self.check_values(sample)
+
+    def check_values(self, sample: Sample, function: Callable | None = None):
+        """function (by default the op's) on sample against the reference in float64."""
+        want = outputs_of(self.call_reference(sample.map(lambda t: t.double())))
+        like = outputs_of(self.call_reference(sample.map(lambda t: t.to("meta"))))
+        written = [sample.args[i] for i in self.mutates]
+        before = outside(sample.tensors(), written)
+        poison_cache(sample.tensors()[0].device.type, sum(t.numel() for t in like))
+        got = outputs_of(self.call(sample, function))
+        assert len(got) == len(want), sample
+        for i, (g, w, m) in enumerate(zip(got, want, like, strict=True)):
+            assert (g.shape, g.dtype) == (m.shape, m.dtype), f"{sample}: output {i}"
+            assert_close(g, w, self.output_tolerance(sample, g), f"{sample}: output {i}")
+        after = outside(sample.tensors(), written)
+        assert all(map(torch.equal, before, after)), f"{sample}: wrote outside its outputs"
 
     def recorded_calls(self, sample: Sample):
         """The operator calls that the function makes on sample, with and without gradient,
@@ -174,11 +214,15 @@ class OpTests:
         recorder = RecordOps(self.namespace)
         with recorder:
             with torch.no_grad():
-                self.call(sample.map(lambda t: t.detach().clone()))
+                self.call(sample.map(lambda t: copy_laid_out(t.detach())))
             if self.backward:
                 grad_sample = sample.map(lambda t: t.detach().requires_grad_(differentiable(t)))
                 outs = [o for o in outputs_of(self.call(grad_sample)) if o.requires_grad]
-                torch.autograd.backward(outs, [torch.randn_like(o) for o in outs])
+                # Every output's gradient, then each output's alone (the others' are None).
+                chosen = [outs, *([o] for o in outs)] if len(outs) > 1 else [outs]
+                for i, some in enumerate(chosen):
+                    grads = [torch.randn_like(o) for o in some]
+                    torch.autograd.backward(some, grads, retain_graph=i < len(chosen) - 1)
         assert recorder.calls, f"no operator of {self.namespace} ran on {sample}"
         return recorder.calls
 
@@ -189,23 +233,32 @@ class OpTests:
         for sample in self.gradcheck_samples(device):
             for overload, args, kwargs in self.recorded_calls(sample):
                 opcheck(overload, args, kwargs)
+                if any(isinstance(t, torch.Tensor) and t.requires_grad for t in args):
+                    # The operator as a call that needs no gradient would make it.
+                    opcheck(overload, *tree_map(detach, (args, kwargs)))
                 checked.add(str(overload))
         assert checked
 
     def test_compile_fullgraph_dynamic(self, device):
         """torch.compile over the op and a few ops around it, with dynamic shapes: one graph,
-        no break, the same values and gradients as eager."""
+        no break, the same values and gradients as eager (an in-place op: the arguments it
+        wrote, read after it, written once)."""
         torch.compiler.reset()  # other tests' graphs count toward the recompile limit
+        function, mutates = type(self).function, self.mutates
 
         def fn(*args, **kwargs):
-            return [o * 2.0 for o in outputs_of(type(self).function(*args, **kwargs))]
+            result = function(*args, **kwargs)
+            return [o * 2.0 for o in ([args[i] for i in mutates] or outputs_of(result))]
 
-        compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend=self.compile_backend)
-        for sample in self.gradcheck_samples(device):
-            sample = sample.map(lambda t: t.detach().float() if differentiable(t) else t)
+        backend = self.compile_backend(device)
+        compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend=backend)
+        for sample in self.compile_samples(device):
+            sample = sample.map(lambda t: copy_laid_out(t.detach(), torch.float32))
             if self.backward:
                 sample = sample.map(lambda t: t.requires_grad_(differentiable(t)))
-            eager_sample = sample.map(lambda t: t.detach().clone().requires_grad_(t.requires_grad))
+            eager_sample = sample.map(
+                lambda t: copy_laid_out(t.detach()).requires_grad_(t.requires_grad)
+            )
             got, want = (
                 compiled(*sample.args, **sample.kwargs),
                 fn(*eager_sample.args, **eager_sample.kwargs),
