@@ -55,7 +55,8 @@ def assert_suite_passed(output: str) -> None:
     summary = re.findall(r"=+ (.*(?:passed|failed).*) in [\d.]+s", output)[-1]
     print(summary)
     passed = int(re.search(r"(\d+) passed", summary).group(1))
-    assert passed >= 130 and "failed" not in summary and "error" not in summary, summary
+    # cpp's CPU suite passes 114 tests (a check loops over its cases), triton's more.
+    assert passed >= 110 and "failed" not in summary and "error" not in summary, summary
     assert "warning" not in summary, summary  # none from the project's code or torch's deprecations
 
 
