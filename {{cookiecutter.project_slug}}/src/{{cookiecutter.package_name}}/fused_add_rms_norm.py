@@ -33,6 +33,7 @@ from ._checks import (
     check_fused_bwd_inputs,
     check_fused_inputs,
     check_in_place_inputs,
+    check_no_grad,
     check_no_overlap,
     compute_dtype,
 )
@@ -227,11 +228,5 @@ def fused_add_rms_norm_(
     check_in_place_inputs(x, residual, weight)
     if x.device.type != "meta" and not torch.compiler.is_compiling():
         check_no_overlap(x, residual, weight)  # reads data pointers, which traced tensors lack
-    if torch.is_grad_enabled():
-        for name, t in (("x", x), ("residual", residual), ("weight", weight)):
-            if t is not None and t.requires_grad:
-                raise RuntimeError(
-                    f"fused_add_rms_norm_ has no backward, but {name} requires grad: call it "
-                    "under torch.no_grad(), or use fused_add_rms_norm"
-                )
+    check_no_grad("fused_add_rms_norm_", x=x, residual=residual, weight=weight)
     ops.fused_add_rms_norm_(x, residual, weight, as_eps(eps))
