@@ -592,9 +592,19 @@ def test_rendered_project_with_an_added_op_lints_and_passes_its_readme_commands(
     if variant == "cpp":
         # The new ops' CUDA kernels compile, as its guide says to check, with no GPU or CUDA
         # toolkit (one architecture is enough for that).
-        output = nox(project, "cuda_check", env={**NOX_ENV, "TORCH_CUDA_ARCH_LIST": "8.0"})
+        cuda_check = {**NOX_ENV, "TORCH_CUDA_ARCH_LIST": "8.0"}
+        output = nox(project, "cuda_check", env=cuda_check)
         for op in ("my_norm", "scaled_silu"):
             assert re.search(rf"^\[\d+/\d+\] .* \S*csrc/cuda/{op}\.cu ", output, re.M), op
+        # The check (and the CUDA build) also fails on register spills, which launch bounds can
+        # cause: add a kernel that spills (16 float4 a thread held in 32 registers). The rerun
+        # compiles that file alone.
+        spills = project / "csrc" / "cuda" / "spills.cu"
+        spills.write_text(SPILLING_KERNEL)
+        output = nox(project, "cuda_check", env=cuda_check, reuse=True, succeeds=False)
+        assert "Registers are spilled to local memory" in output
+        assert not re.search(r"^\[\d+/\d+\] .* \S*csrc/cuda/my_norm\.cu ", output, re.M)
+        spills.unlink()
     start = time.monotonic()
     output = run_readme_commands(project, tmp_path)
     seconds += time.monotonic() - start
@@ -659,16 +669,12 @@ def test_rendered_build_gives_a_complete_sdist_and_a_wheel(variant, tmp_path):
 )
 def test_cpp_cuda_build_without_a_gpu(tmp_path):
     project = render(tmp_path, variant="cpp", package_name="acme_ops")
-    # One architecture: the added-op test's cuda_check compiles every kernel for sm_80 (with the
-    # same spill check), this build links and loads them for sm_90.
+    # One architecture: the added-op test's cuda_check compiles every kernel for sm_80 (and shows
+    # that a kernel that spills fails it, as it fails this build); this build links and loads
+    # them for sm_90.
     env = {**NOX_ENV, "TORCH_SPEC": CUDA_TORCH, "TORCH_CUDA_ARCH_LIST": "9.0"}
     output = nox(project, "cuda_build", env=env)
     assert "CUDA kernels registered" in output
-    # The session also fails on register spills, which launch bounds can cause: add a kernel that
-    # spills (16 float4 a thread held in 32 registers) and rebuild.
-    (project / "csrc" / "cuda" / "spills.cu").write_text(SPILLING_KERNEL)
-    output = nox(project, "cuda_build", env=env, reuse=True, succeeds=False)
-    assert "Registers are spilled to local memory" in output
 
 
 SPILLING_KERNEL = """

@@ -49,6 +49,10 @@ BUILD_DEPS = ["setuptools>=77", "wheel"]
 {%- endif %}
 
 
+# pytest-xdist: the suite on up to 8 cores, as the README runs it.
+PARALLEL = ["-n", "auto", "--maxprocesses", "8"]
+
+
 def install_torch(session: nox.Session, default_index: str) -> None:
     spec = os.environ.get("TORCH_SPEC", "torch")
     index = os.environ.get("TORCH_INDEX_URL", default_index)
@@ -105,7 +109,7 @@ def format_code(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     install_torch(session, CPU_INDEX)
     install_project(session)
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *PARALLEL, *session.posargs)
 
 
 {%- if cookiecutter.variant == "cpp" %}
