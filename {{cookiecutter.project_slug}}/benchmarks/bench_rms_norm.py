@@ -125,18 +125,27 @@ def bench_shape(args, shape, impls, time_ms, time_copy) -> list[dict]:
     base = (x, w) if args.op == "rms_norm" else (x, torch.randn_like(x), w)
     grads = [torch.randn_like(x) for _ in base[1:]] if "fwd+bwd" in units else None  # y (, h)
     want = run(reference, [t.clone().requires_grad_(grads is not None) for t in base], grads)
-    cells = {("copy", "copy"): [time_copy(x.clone) for _ in range(args.runs)]}
+    cells, timers = {("copy", "copy"): []}, {("copy", "copy"): partial(time_copy, x.clone)}
     for name, fn in impls.items():
         inputs = [t.clone() for t in base]  # its own: an in-place op writes over its inputs
         leaves = [t.detach().requires_grad_() for t in inputs]
         calls = {"fwd": partial(fn, *inputs, EPS), "fwd+bwd": partial(run, fn, leaves, grads)}
         try:
             check(fn, inputs, grads, want)
-            for mode in units:
-                cells[name, mode] = [time_ms(calls[mode]) for _ in range(args.runs)]
-        except (RuntimeError, ValueError) as e:  # also a wrong result, or a capture that fails
-            for mode in units:
-                cells.setdefault((name, mode), f"failed: {str(e).splitlines()[0]}")
+        except (RuntimeError, ValueError) as e:  # also a wrong result
+            cells.update({(name, mode): failed(e) for mode in units})
+            continue
+        for mode in units:
+            cells[name, mode], timers[name, mode] = [], partial(time_ms, calls[mode])
+    # Round after round over every cell, not a cell's runs in a row: a drift of the machine (its
+    # clocks, other load) then falls on every implementation alike.
+    for _ in range(args.runs):
+        for key, timer in list(timers.items()):
+            try:
+                cells[key].append(timer())
+            except RuntimeError as e:  # e.g. a CUDA-graph capture that fails
+                cells[key] = failed(e)
+                del timers[key]
     rows, nbytes = [], x.numel() * x.element_size()
     for (name, mode), times in cells.items():
         row = dict(impl=name, M=m, N=n, mode=mode, status="ok", ms=None, gbps=None)
@@ -148,6 +157,10 @@ def bench_shape(args, shape, impls, time_ms, time_copy) -> list[dict]:
         fraction = gbps / rows[0]["gbps"] if rows else 1.0  # the first row is the copy's
         rows.append(row | dict(ms=ms, gbps=gbps, fraction_of_copy=fraction, times_ms=times))
     return rows
+
+
+def failed(error: Exception) -> str:
+    return f"failed: {str(error).splitlines()[0]}"
 
 
 def table(rows, modes, unit: str) -> str:
