@@ -641,23 +641,26 @@ def test_rendered_project_with_an_added_op_lints_and_passes_its_readme_commands(
 
 
 @pytest.mark.parametrize("variant", ["triton", "cpp"])
-def test_rendered_build_gives_a_complete_sdist(variant, tmp_path):
+def test_rendered_build_gives_a_complete_sdist_and_a_wheel(variant, tmp_path):
     project = render(tmp_path, variant=variant, package_name="acme_ops")
     # Every source a build from the sdist compiles or imports: a CUDA build from an sdist that
     # lacks one of its headers fails only where nvcc runs, so no CPU test would notice.
     sources = [p for d in ("csrc", "src") for p in (project / d).rglob("*") if p.is_file()]
-    # The cpp wheel, a compile of its own, is built and checked by test_wheel.py (pytest -m wheel).
-    nox(project, "build", *(["--", "--sdist"] if variant == "cpp" else []))
+    nox(project, "build")
     (sdist,) = (project / "dist").glob("*.tar.gz")
+    (wheel,) = (project / "dist").glob("*.whl")
     with tarfile.open(sdist) as tar:
         in_sdist = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     missing = sorted(str(p.relative_to(project)) for p in sources)
     missing = [p for p in missing if p not in in_sdist]
     assert not missing, f"not in the sdist: {missing}"
-    if variant == "triton":
-        (wheel,) = (project / "dist").glob("*.whl")
-        with zipfile.ZipFile(wheel) as whl:
-            assert "acme_ops/rms_norm.py" in whl.namelist()
+    with zipfile.ZipFile(wheel) as whl:
+        names = whl.namelist()
+    assert "acme_ops/rms_norm.py" in names
+    if variant == "cpp":
+        # One wheel for every Python from python_min on; the CPU build of torch: _C alone.
+        assert wheel.name.endswith("-cp310-abi3-linux_x86_64.whl"), wheel.name
+        assert "acme_ops/_C.abi3.so" in names and "acme_ops/_C_cuda.abi3.so" not in names, names
 
 
 @pytest.mark.skipif(
