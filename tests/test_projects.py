@@ -336,7 +336,7 @@ namespace {
 Tensor scaled_silu(const Tensor& x_in, double alpha) {
   check_float_dtype("scaled_silu", "x", x_in.scalar_type());
   const Tensor x = as_contiguous(x_in);
-  Tensor y = torch::stable::new_empty(x, x.sizes());
+  Tensor y = alloc_like(x, x.sizes());
   with_float_type(x.scalar_type(), [&](auto t) {
     using T = decltype(t);
     const acc_type<T> a(alpha);
@@ -356,7 +356,7 @@ Tensor scaled_silu_bwd(const Tensor& grad_y, const Tensor& x_in, double alpha) {
   check_dtype(op, "grad_y", grad_y, x_in.scalar_type(), "x");
   const Tensor x = as_contiguous(x_in);
   const Tensor dy = as_contiguous(grad_y);
-  Tensor dx = torch::stable::new_empty(x, x.sizes());
+  Tensor dx = alloc_like(x, x.sizes());
   with_float_type(x.scalar_type(), [&](auto t) {
     using T = decltype(t);
     const acc_type<T> a(alpha);
@@ -434,7 +434,7 @@ Tensor scaled_silu(const Tensor& x_in, double alpha) {
   check_float_dtype("scaled_silu", "x", x_in.scalar_type());
   const torch::stable::accelerator::DeviceGuard guard(x_in.get_device_index());
   const Tensor x = as_contiguous(x_in);
-  Tensor y = torch::stable::new_empty(x, x.sizes());
+  Tensor y = alloc_like(x, x.sizes());
   const int64_t n = x.numel();
   if (n == 0) {
     return y;
@@ -456,7 +456,7 @@ Tensor scaled_silu_bwd(const Tensor& grad_y, const Tensor& x_in, double alpha) {
   const torch::stable::accelerator::DeviceGuard guard(x_in.get_device_index());
   const Tensor x = as_contiguous(x_in);
   const Tensor dy = as_contiguous(grad_y);
-  Tensor dx = torch::stable::new_empty(x, x.sizes());
+  Tensor dx = alloc_like(x, x.sizes());
   const int64_t n = x.numel();
   if (n == 0) {
     return dx;
